@@ -1,0 +1,103 @@
+// Per-row logic of the chain verification ops, written once for the CPU and CUDA kernels.
+//
+// The functions take an executor `ex` that runs the passes over the vocabulary:
+//   bool leader()                          the one thread that writes per-row outputs
+//   void sync()                            makes every thread's earlier writes visible to all
+//   float sum(n, f)                        sum of f(j) for j < n; f is called once per j, and
+//                                          may write element j of a scratch row
+//   int64_t sample(n, w, total, u)         smallest j with w(0) + ... + w(j) > u * total and
+//                                          w(j) > 0; the largest j with w(j) > 0 when rounding
+//                                          leaves none; -1 when every weight is zero
+// Every thread of an executor runs the same control flow and gets the same results; the CPU
+// executor is a single thread, the CUDA one a thread block.
+#pragma once
+
+#include "core/common.h"
+
+namespace specdec::core {
+
+// Draws from the unnormalised weights w(j) >= 0 with the uniform u; -1 when they are all zero.
+SPECDEC_HD_TEMPLATE
+template <class Exec, class W>
+SPECDEC_HD int64_t sample_weights(Exec& ex, int64_t n, W w, float u) {
+  const float total = ex.sum(n, w);
+  if (!(total > 0.f)) return -1;
+  return ex.sample(n, w, total, u);
+}
+
+SPECDEC_HD_TEMPLATE
+template <class Exec, class P>
+SPECDEC_HD int64_t sample_probs(Exec& ex, const P* probs, int64_t n, float u) {
+  return sample_weights(ex, n, [=](int64_t j) { return clamp_weight(to_float(probs[j])); }, u);
+}
+
+// Writes `accepted` drafts, then `token`, then -1 up to `width` slots.
+SPECDEC_HD_TEMPLATE
+template <class I>
+SPECDEC_HD void write_chain(const I* draft_ids, int64_t accepted, int64_t token, int64_t width,
+                            I* out_ids, I* accept_len) {
+  for (int64_t j = 0; j < width; ++j) {
+    out_ids[j] = static_cast<I>(j < accepted ? static_cast<int64_t>(draft_ids[j])
+                                : j == accepted ? token : -1);
+  }
+  *accept_len = static_cast<I>(accepted);
+}
+
+// Chain speculative sampling of one row (Leviathan et al., Chen et al.).
+//   draft_probs [K, V] or nullptr (deterministic drafts, q = 1), draft_ids [K],
+//   target [K + 1, V], u [K + 1]: u[i] tests draft i, u[K] draws the one token sampled.
+// Draft i is accepted while u[i] * q_i(x_i) < p_i(x_i); at the first rejection the token is
+// drawn from max(0, p_i - q_i) (p_i without x_i when q = 1); after K acceptances from p_K.
+SPECDEC_HD_TEMPLATE
+template <class Exec, class P, class I>
+SPECDEC_HD void chain_sampling_row(Exec& ex, const P* draft_probs, const I* draft_ids,
+                                   const P* target, const float* u, int64_t K, int64_t V,
+                                   I* out_ids, I* accept_len) {
+  int64_t i = 0;
+  for (; i < K; ++i) {
+    const int64_t x = draft_ids[i];
+    if (!valid_id(x, V)) break;
+    const float p = to_float(target[i * V + x]);
+    const float q = draft_probs ? to_float(draft_probs[i * V + x]) : 1.f;
+    if (!(u[i] * q < p)) break;
+  }
+  const P* p_row = target + i * V;
+  int64_t token = -1;
+  if (i < K && draft_probs) {
+    const P* q_row = draft_probs + i * V;
+    token = sample_weights(
+        ex, V, [=](int64_t j) { return clamp_weight(to_float(p_row[j]) - to_float(q_row[j])); },
+        u[K]);
+  } else if (i < K) {
+    const int64_t x = draft_ids[i];
+    token = sample_weights(
+        ex, V, [=](int64_t j) { return j == x ? 0.f : clamp_weight(to_float(p_row[j])); }, u[K]);
+  }
+  // An empty residual means p_i and q_i agree (up to rounding): p_i itself is then the answer.
+  if (token < 0) token = sample_probs(ex, p_row, V, u[K]);
+  if (ex.leader()) write_chain(draft_ids, i, token, K + 1, out_ids, accept_len);
+}
+
+// Greedy chain verification of one row: drafts are accepted while they equal the target's
+// token at their position; then the target's token follows. target_id(i) is the target's token
+// at position i (0..K).
+SPECDEC_HD_TEMPLATE
+template <class I, class G>
+SPECDEC_HD void chain_greedy_row(const I* draft_ids, G target_id, int64_t K, I* out_ids,
+                                 I* accept_len) {
+  int64_t i = 0;
+  while (i < K && static_cast<int64_t>(draft_ids[i]) == target_id(i)) ++i;
+  write_chain(draft_ids, i, target_id(i), K + 1, out_ids, accept_len);
+}
+
+// Entropy (nats) of a probability row; used by Medusa's typical acceptance.
+SPECDEC_HD_TEMPLATE
+template <class Exec, class P>
+SPECDEC_HD float entropy_row(Exec& ex, const P* probs, int64_t V) {
+  return ex.sum(V, [=](int64_t j) {
+    const float p = to_float(probs[j]);
+    return p > 0.f ? -p * logf(p) : 0.f;
+  });
+}
+
+}  // namespace specdec::core

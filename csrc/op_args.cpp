@@ -1,0 +1,231 @@
+#include "op_args.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/TensorBody.h>
+#include <ATen/ops/argmax.h>
+#include <c10/util/Exception.h>
+
+#include <sstream>
+#include <string>
+
+namespace specdec {
+namespace {
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream s;
+  s << '[';
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s << ", ";
+    if (shape[i] < 0) s << '*'; else s << shape[i];
+  }
+  s << ']';
+  return s.str();
+}
+
+}  // namespace
+
+void check_index(const at::Tensor& t, const char* op, const char* name, int64_t dim) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, "specdec.", op,
+                   ": ", name, " must be int64 or int32, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, "specdec.", op, ": ", name, " must have ", dim,
+                    " dimensions, got shape ", t.sizes());
+}
+
+void check_probs(const at::Tensor& t, const char* op, const char* name, int64_t dim) {
+  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "specdec.", op, ": ", name,
+                   " must be a floating tensor (float32, float16, bfloat16), got ",
+                   t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, "specdec.", op, ": ", name, " must have ", dim,
+                    " dimensions, got shape ", t.sizes());
+}
+
+void check_uniform(const at::Tensor& t, const char* op, at::IntArrayRef shape) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "specdec.", op,
+                   ": uniform must be float32, got ", t.scalar_type());
+  check_shape(t, op, "uniform", shape);
+}
+
+void check_shape(const at::Tensor& t, const char* op, const char* name, at::IntArrayRef shape) {
+  bool ok = t.dim() == static_cast<int64_t>(shape.size());
+  for (int64_t i = 0; ok && i < t.dim(); ++i) ok = shape[i] < 0 || t.size(i) == shape[i];
+  TORCH_CHECK_VALUE(ok, "specdec.", op, ": ", name, " must have shape ", shape_str(shape),
+                    ", got ", t.sizes());
+}
+
+void check_same_dtype(const at::Tensor& t, const at::Tensor& ref, const char* op,
+                      const char* name, const char* ref_name) {
+  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "specdec.", op, ": ", name,
+                   " must have the dtype of ", ref_name, " (", ref.scalar_type(), "), got ",
+                   t.scalar_type());
+}
+
+void check_device(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), "specdec.", op, ": ", name, " is on ",
+                    t.device(), " but the other arguments are on ", ref.device());
+}
+
+void check_out(const at::Tensor& out, const at::Tensor& ref, const char* op, const char* name,
+               at::IntArrayRef shape, at::ScalarType dtype) {
+  check_device(out, ref, op, name);
+  TORCH_CHECK_TYPE(out.scalar_type() == dtype, "specdec.", op, ": output ", name,
+                   " must be ", dtype, ", got ", out.scalar_type());
+  bool ok = out.dim() == static_cast<int64_t>(shape.size());
+  for (int64_t i = 0; ok && i < out.dim(); ++i)
+    ok = shape[i] < 0 ? out.size(i) >= 1 : out.size(i) == shape[i];
+  TORCH_CHECK_VALUE(ok, "specdec.", op, ": output ", name, " must have shape ", shape_str(shape),
+                    ", got ", out.sizes());
+  TORCH_CHECK_VALUE(out.is_contiguous(), "specdec.", op, ": output ", name,
+                    " must be contiguous");
+}
+
+void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name) {
+  const at::Tensor flat = ids.contiguous();
+  AT_DISPATCH_INDEX_TYPES(flat.scalar_type(), "check_ids_in_range", [&] {
+    const index_t* data = flat.const_data_ptr<index_t>();
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      TORCH_CHECK_VALUE(data[i] >= 0 && data[i] < vocab, "specdec.", op, ": ", name,
+                        " holds the token id ", static_cast<int64_t>(data[i]),
+                        ", outside the vocabulary [0, ", vocab, ")");
+    }
+  });
+}
+
+void check_parents(const at::Tensor& parents, const char* op) {
+  const at::Tensor p = parents.contiguous();
+  const int64_t T = p.size(1);
+  AT_DISPATCH_INDEX_TYPES(p.scalar_type(), "check_parents", [&] {
+    const index_t* data = p.const_data_ptr<index_t>();
+    for (int64_t b = 0; b < p.size(0); ++b) {
+      const index_t* row = data + b * T;
+      TORCH_CHECK_VALUE(row[0] == -1, "specdec.", op, ": parents[", b,
+                        ", 0] must be -1 (node 0 is the root), got ", static_cast<int64_t>(row[0]));
+      for (int64_t i = 1; i < T; ++i) {
+        const int64_t parent = row[i];
+        TORCH_CHECK_VALUE(parent != -1, "specdec.", op, ": parents is not a tree: row ", b,
+                          " has a second root at node ", i);
+        TORCH_CHECK_VALUE(parent >= 0 && parent < i, "specdec.", op,
+                          ": parents is not a tree: parents[", b, ", ", i, "] = ", parent,
+                          " (a parent must precede its child: 0 <= parent < ", i, ")");
+      }
+    }
+  });
+}
+
+at::Tensor target_ids_from(const at::Tensor& target, const at::Tensor& ids_like, const char* op,
+                           int64_t B, int64_t N) {
+  check_device(target, ids_like, op, "target");
+  if (at::isFloatingType(target.scalar_type())) {
+    check_shape(target, op, "target", {B, N, -1});
+    TORCH_CHECK_VALUE(target.size(2) >= 1, "specdec.", op, ": target logits have an empty vocabulary");
+    return at::argmax(target, -1).to(ids_like.scalar_type());
+  }
+  check_index(target, op, "target", 2);
+  check_same_dtype(target, ids_like, op, "target", "the draft token ids");
+  check_shape(target, op, "target", {B, N});
+  return target.contiguous();
+}
+
+ChainDims check_chain_sampling(const std::optional<at::Tensor>& draft_probs,
+                               const at::Tensor& draft_ids, const at::Tensor& target_probs,
+                               const at::Tensor& uniform, const at::Tensor& out_ids,
+                               const at::Tensor& accept_len) {
+  const char* op = "chain_speculative_sampling";
+  check_index(draft_ids, op, "draft_ids", 2);
+  const int64_t B = draft_ids.size(0), K = draft_ids.size(1);
+  check_probs(target_probs, op, "target_probs", 3);
+  check_shape(target_probs, op, "target_probs", {B, K + 1, -1});
+  const int64_t V = target_probs.size(2);
+  TORCH_CHECK_VALUE(V >= 1, "specdec.", op, ": target_probs has an empty vocabulary");
+  check_device(target_probs, draft_ids, op, "target_probs");
+  if (draft_probs) {
+    check_probs(*draft_probs, op, "draft_probs", 3);
+    check_shape(*draft_probs, op, "draft_probs", {B, K, V});
+    check_same_dtype(*draft_probs, target_probs, op, "draft_probs", "target_probs");
+    check_device(*draft_probs, draft_ids, op, "draft_probs");
+  }
+  check_uniform(uniform, op, {B, K + 1});
+  check_device(uniform, draft_ids, op, "uniform");
+  check_out(out_ids, draft_ids, op, "out_ids", {B, K + 1}, draft_ids.scalar_type());
+  check_out(accept_len, draft_ids, op, "accept_len", {B}, draft_ids.scalar_type());
+  if (draft_ids.is_cpu()) check_ids_in_range(draft_ids, V, op, "draft_ids");
+  return {B, K, V};
+}
+
+ChainDims check_chain_greedy(const at::Tensor& draft_ids, const at::Tensor& out_ids,
+                             const at::Tensor& accept_len) {
+  const char* op = "chain_greedy_verify";
+  check_index(draft_ids, op, "draft_ids", 2);
+  const int64_t B = draft_ids.size(0), K = draft_ids.size(1);
+  check_out(out_ids, draft_ids, op, "out_ids", {B, K + 1}, draft_ids.scalar_type());
+  check_out(accept_len, draft_ids, op, "accept_len", {B}, draft_ids.scalar_type());
+  return {B, K, 0};
+}
+
+TreeDims check_build_tree(const at::Tensor& parents, const at::Tensor& tree_mask,
+                          const at::Tensor& depth, const at::Tensor& paths) {
+  const char* op = "build_tree";
+  check_index(parents, op, "parents", 2);
+  const int64_t B = parents.size(0), T = parents.size(1);
+  TORCH_CHECK_VALUE(T >= 1, "specdec.", op, ": parents needs at least the root node");
+  check_out(tree_mask, parents, op, "tree_mask", {B, T, T}, at::kBool);
+  check_out(depth, parents, op, "depth", {B, T}, parents.scalar_type());
+  check_out(paths, parents, op, "paths", {B, -1, -1}, parents.scalar_type());
+  if (parents.is_cpu()) check_parents(parents, op);
+  return {B, T, 0, paths.size(2)};
+}
+
+TreeDims check_tree_verify(const char* op, const at::Tensor& tree_tokens, const at::Tensor& parents,
+                           const at::Tensor& accept_path, const at::Tensor& accept_len,
+                           const at::Tensor& next_token) {
+  check_index(tree_tokens, op, "tree_tokens", 2);
+  const int64_t B = tree_tokens.size(0), T = tree_tokens.size(1);
+  TORCH_CHECK_VALUE(T >= 1, "specdec.", op, ": tree_tokens needs at least the root node");
+  check_index(parents, op, "parents", 2);
+  check_shape(parents, op, "parents", {B, T});
+  check_same_dtype(parents, tree_tokens, op, "parents", "tree_tokens");
+  check_device(parents, tree_tokens, op, "parents");
+  const at::ScalarType dtype = tree_tokens.scalar_type();
+  check_out(accept_path, tree_tokens, op, "accept_path", {B, -1}, dtype);
+  check_out(accept_len, tree_tokens, op, "accept_len", {B}, dtype);
+  check_out(next_token, tree_tokens, op, "next_token", {B}, dtype);
+  if (parents.is_cpu()) check_parents(parents, op);
+  return {B, T, 0, accept_path.size(1)};
+}
+
+TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                             const at::Tensor& target_probs, const at::Tensor& uniform,
+                             const std::optional<at::Tensor>& draft_probs,
+                             std::optional<double> posterior_threshold, double posterior_alpha,
+                             const at::Tensor& accept_path, const at::Tensor& accept_len,
+                             const at::Tensor& next_token) {
+  const char* op = "tree_speculative_sampling";
+  TreeDims d = check_tree_verify(op, tree_tokens, parents, accept_path, accept_len, next_token);
+  check_probs(target_probs, op, "target_probs", 3);
+  check_shape(target_probs, op, "target_probs", {d.B, d.T, -1});
+  d.V = target_probs.size(2);
+  TORCH_CHECK_VALUE(d.V >= 1, "specdec.", op, ": target_probs has an empty vocabulary");
+  check_device(target_probs, tree_tokens, op, "target_probs");
+  check_uniform(uniform, op, {d.B, d.T});
+  check_device(uniform, tree_tokens, op, "uniform");
+  if (draft_probs) {
+    TORCH_CHECK_VALUE(!posterior_threshold, "specdec.", op,
+                      ": typical acceptance (posterior_threshold) takes no draft_probs");
+    check_probs(*draft_probs, op, "draft_probs", 3);
+    check_shape(*draft_probs, op, "draft_probs", {d.B, d.T, d.V});
+    check_same_dtype(*draft_probs, target_probs, op, "draft_probs", "target_probs");
+    check_device(*draft_probs, tree_tokens, op, "draft_probs");
+  }
+  if (posterior_threshold) {
+    TORCH_CHECK_VALUE(*posterior_threshold >= 0.0 && *posterior_threshold <= 1.0, "specdec.", op,
+                      ": posterior_threshold must be in [0, 1], got ", *posterior_threshold);
+    TORCH_CHECK_VALUE(posterior_alpha >= 0.0, "specdec.", op,
+                      ": posterior_alpha must be >= 0, got ", posterior_alpha);
+  }
+  if (tree_tokens.is_cpu()) {
+    // The root's token is the last committed one and is never read.
+    check_ids_in_range(tree_tokens.slice(1, 1), d.V, op, "tree_tokens");
+  }
+  return d;
+}
+
+}  // namespace specdec

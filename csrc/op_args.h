@@ -1,0 +1,56 @@
+// Argument checks shared by the CPU and CUDA launchers. Every failure raises a Python
+// ValueError or TypeError that names the op and the argument; nothing is written before all
+// checks pass.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace specdec {
+
+// Shapes and dtypes (no data access; valid for tensors on any device).
+void check_index(const at::Tensor& t, const char* op, const char* name, int64_t dim);
+void check_probs(const at::Tensor& t, const char* op, const char* name, int64_t dim);
+void check_uniform(const at::Tensor& t, const char* op, at::IntArrayRef shape);
+void check_shape(const at::Tensor& t, const char* op, const char* name, at::IntArrayRef shape);
+void check_same_dtype(const at::Tensor& t, const at::Tensor& ref, const char* op,
+                      const char* name, const char* ref_name);
+void check_device(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* name);
+// An output: contiguous, `shape` (a negative entry: any size >= 1), `dtype`, `ref`'s device.
+void check_out(const at::Tensor& out, const at::Tensor& ref, const char* op, const char* name,
+               at::IntArrayRef shape, at::ScalarType dtype);
+
+// Values (read the data: CPU tensors only).
+void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name);
+void check_parents(const at::Tensor& parents, const char* op);
+
+// Greedy ops take the target as token ids [B, N] or as logits [B, N, V]; returns the ids
+// (computing the argmax of logits on the tensor's device).
+at::Tensor target_ids_from(const at::Tensor& target, const at::Tensor& ids_like, const char* op,
+                           int64_t B, int64_t N);
+
+// Whole-op checks, shared by the CPU and CUDA launchers; return the sizes.
+struct ChainDims { int64_t B, K, V; };
+ChainDims check_chain_sampling(const std::optional<at::Tensor>& draft_probs,
+                               const at::Tensor& draft_ids, const at::Tensor& target_probs,
+                               const at::Tensor& uniform, const at::Tensor& out_ids,
+                               const at::Tensor& accept_len);
+ChainDims check_chain_greedy(const at::Tensor& draft_ids, const at::Tensor& out_ids,
+                             const at::Tensor& accept_len);
+
+struct TreeDims { int64_t B, T, V, width; };
+TreeDims check_build_tree(const at::Tensor& parents, const at::Tensor& tree_mask,
+                          const at::Tensor& depth, const at::Tensor& paths);
+// V is 0 here (the target may be ids or logits; see target_ids_from).
+TreeDims check_tree_verify(const char* op, const at::Tensor& tree_tokens, const at::Tensor& parents,
+                           const at::Tensor& accept_path, const at::Tensor& accept_len,
+                           const at::Tensor& next_token);
+TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                             const at::Tensor& target_probs, const at::Tensor& uniform,
+                             const std::optional<at::Tensor>& draft_probs,
+                             std::optional<double> posterior_threshold, double posterior_alpha,
+                             const at::Tensor& accept_path, const at::Tensor& accept_len,
+                             const at::Tensor& next_token);
+
+}  // namespace specdec

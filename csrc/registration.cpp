@@ -1,0 +1,26 @@
+// Every schema of the specdec op library, in one place. Kernels register under the CPU and CUDA
+// dispatch keys in cpu/ and cuda/; fake (meta) kernels are in python/specdec/ops.py.
+//
+// Outputs are `Tensor(a!)` out-arguments so that engines can preallocate them and capture CUDA
+// graphs; python/specdec/ops.py has functional wrappers that allocate them.
+#include <torch/library.h>
+
+TORCH_LIBRARY(specdec, m) {
+  m.def(
+      "chain_speculative_sampling(Tensor? draft_probs, Tensor draft_ids, Tensor target_probs, "
+      "Tensor uniform, *, Tensor(a!) out_ids, Tensor(b!) accept_len) -> ()");
+  m.def(
+      "chain_greedy_verify(Tensor draft_ids, Tensor target, *, Tensor(a!) out_ids, "
+      "Tensor(b!) accept_len) -> ()");
+  m.def(
+      "build_tree(Tensor parents, *, Tensor(a!) tree_mask, Tensor(b!) depth, "
+      "Tensor(c!) paths) -> ()");
+  m.def(
+      "tree_verify_greedy(Tensor tree_tokens, Tensor parents, Tensor target, *, "
+      "Tensor(a!) accept_path, Tensor(b!) accept_len, Tensor(c!) next_token) -> ()");
+  m.def(
+      "tree_speculative_sampling(Tensor tree_tokens, Tensor parents, Tensor target_probs, "
+      "Tensor uniform, Tensor? draft_probs=None, float? posterior_threshold=None, "
+      "float posterior_alpha=0.3, *, Tensor(a!) accept_path, Tensor(b!) accept_len, "
+      "Tensor(c!) next_token) -> ()");
+}
