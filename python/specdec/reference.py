@@ -1,0 +1,225 @@
+"""Plain-PyTorch reference of every op: the oracle of the tests and the baseline of the benchmarks.
+
+Written for clarity, one row at a time, with the same conventions as the compiled ops (see
+docs/ops.md): the acceptance tests use the same float32 arithmetic, and draws take the smallest
+index whose cumulative weight (float64) exceeds ``u * total``. This module imports nothing of
+specdec's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sample_from_weights(weights: Tensor, u: float) -> int:
+    """Smallest j with cumsum(w)[j] > u * sum(w) and w[j] > 0 (the last positive j if rounding
+    leaves none); -1 when all weights are zero. Negative and NaN weights count as zero."""
+    w = torch.nan_to_num(weights.double(), nan=0.0).clamp_min(0.0)
+    positive = torch.nonzero(w > 0).flatten()
+    if positive.numel() == 0:
+        return -1
+    cdf = torch.cumsum(w, 0)
+    j = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
+    return j if j < w.numel() else int(positive[-1])
+
+
+def _chain_row(accepted: list[int], token: int, width: int) -> list[int]:
+    return (accepted + [token] + [-1] * width)[:width]
+
+
+def chain_speculative_sampling(
+    draft_probs: Tensor | None, draft_ids: Tensor, target_probs: Tensor, uniform: Tensor
+) -> tuple[Tensor, Tensor]:
+    B, K = draft_ids.shape
+    V = target_probs.shape[-1]
+    p_all, u_all = target_probs.float(), uniform.float()
+    q_all = None if draft_probs is None else draft_probs.float()
+    out, lens = [], []
+    for b in range(B):
+        i = 0
+        while i < K:
+            x = int(draft_ids[b, i])
+            if not 0 <= x < V:
+                break
+            q = q_all[b, i, x] if q_all is not None else torch.tensor(1.0)
+            if not bool(u_all[b, i] * q < p_all[b, i, x]):
+                break
+            i += 1
+        u = float(u_all[b, K])
+        token = -1
+        if i < K and q_all is not None:
+            token = sample_from_weights(p_all[b, i] - q_all[b, i], u)
+        elif i < K:
+            w = p_all[b, i].clone()
+            x = int(draft_ids[b, i])
+            if 0 <= x < V:
+                w[x] = 0.0
+            token = sample_from_weights(w, u)
+        if token < 0:
+            token = sample_from_weights(p_all[b, i], u)
+        out.append(_chain_row([int(t) for t in draft_ids[b, :i]], token, K + 1))
+        lens.append(i)
+    return _as_index(out, draft_ids), _as_index(lens, draft_ids)
+
+
+def chain_greedy_verify(draft_ids: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    target_ids = target.argmax(-1) if target.is_floating_point() else target
+    B, K = draft_ids.shape
+    out, lens = [], []
+    for b in range(B):
+        i = 0
+        while i < K and int(draft_ids[b, i]) == int(target_ids[b, i]):
+            i += 1
+        out.append(_chain_row([int(t) for t in draft_ids[b, :i]], int(target_ids[b, i]), K + 1))
+        lens.append(i)
+    return _as_index(out, draft_ids), _as_index(lens, draft_ids)
+
+
+def _depths(parents: list[int]) -> list[int]:
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    return depth
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    path = [node]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def build_tree(
+    parents: Tensor, max_leaves: int | None = None, max_depth: int | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    B, T = parents.shape
+    L = T if max_leaves is None else max_leaves
+    P = T if max_depth is None else max_depth + 1
+    mask = torch.zeros(B, T, T, dtype=torch.bool)
+    depth = torch.zeros(B, T, dtype=torch.int64)
+    paths = torch.full((B, L, P), -1, dtype=torch.int64)
+    for b in range(B):
+        par = [int(p) for p in parents[b]]
+        depth[b] = torch.tensor(_depths(par))
+        for i in range(T):
+            mask[b, i, _path(par, i)] = True
+        leaves = [i for i in range(T) if i not in par[1:]]
+        for slot, leaf in enumerate(leaves[:L]):
+            path = _path(par, leaf)[:P]
+            paths[b, slot, : len(path)] = torch.tensor(path)
+    return mask, depth.to(parents.dtype), paths.to(parents.dtype)
+
+
+def _accepted_path(parents: list[int], width: int, edge_ok) -> tuple[list[int], int, int]:
+    """Deepest node whose every edge passes edge_ok (lowest index among ties): returns
+    (path from the root cut to `width` nodes, accepted count, first node cut off or -1)."""
+    T = len(parents)
+    ok = [True] + [False] * (T - 1)
+    for c in range(1, T):
+        ok[c] = ok[parents[c]] and edge_ok(parents[c], c)
+    depth = _depths(parents)
+    best = max((c for c in range(T) if ok[c]), key=lambda c: (depth[c], -c))
+    path = _path(parents, best)
+    kept = min(depth[best], width - 1)
+    cut = path[kept + 1] if kept < depth[best] else -1
+    return path[: kept + 1], kept, cut
+
+
+def _tree_outputs(rows, like: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    paths = [(path + [-1] * width)[:width] for path, _, _ in rows]
+    return (
+        _as_index(paths, like),
+        _as_index([n for _, n, _ in rows], like),
+        _as_index([t for _, _, t in rows], like),
+    )
+
+
+def tree_verify_greedy(
+    tree_tokens: Tensor, parents: Tensor, target: Tensor, max_accept: int | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    target_ids = target.argmax(-1) if target.is_floating_point() else target
+    B, T = tree_tokens.shape
+    width = T if max_accept is None else max_accept + 1
+    rows = []
+    for b in range(B):
+        par = [int(p) for p in parents[b]]
+        tok = [int(t) for t in tree_tokens[b]]
+        tgt = [int(t) for t in target_ids[b]]
+        path, n, cut = _accepted_path(par, width, lambda a, c: tok[c] == tgt[a])
+        rows.append((path, n, tok[cut] if cut >= 0 else tgt[path[-1]]))
+    return _tree_outputs(rows, tree_tokens, width)
+
+
+def tree_speculative_sampling(
+    tree_tokens: Tensor,
+    parents: Tensor,
+    target_probs: Tensor,
+    uniform: Tensor,
+    draft_probs: Tensor | None = None,
+    typical: tuple[float, float] | None = None,
+    max_accept: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``typical`` is (posterior_threshold, posterior_alpha) for Medusa's lossy mode."""
+    B, T = tree_tokens.shape
+    V = target_probs.shape[-1]
+    width = T if max_accept is None else max_accept + 1
+    p_all, u_all = target_probs.float(), uniform.float()
+    q_all = None if draft_probs is None else draft_probs.float()
+    rows = []
+    for b in range(B):
+        par = [int(p) for p in parents[b]]
+        tok = [int(t) for t in tree_tokens[b]]
+        u = u_all[b]
+        if typical is not None:
+            threshold, alpha = typical
+            entropy = torch.special.entr(p_all[b]).sum(-1)
+
+            def passes(a: int, c: int) -> bool:
+                if not 0 <= tok[c] < V:
+                    return False
+                floor = min(threshold, alpha * float(torch.exp(-entropy[a])))
+                return float(p_all[b, a, tok[c]]) > floor
+
+            path, n, cut = _accepted_path(par, width, passes)
+            nxt = tok[cut] if cut >= 0 else sample_from_weights(p_all[b, path[-1]], float(u[0]))
+            rows.append((path, n, nxt))
+            continue
+        node, path, token = 0, [0], -1
+        while True:
+            p = p_all[b, node].clamp_min(0.0)
+            resid, mass, chosen = p.clone(), torch.tensor(1.0), -1
+            children = [c for c in range(node + 1, T) if par[c] == node and 0 <= tok[c] < V]
+            for c in children:
+                x = tok[c]
+                if q_all is not None:
+                    q = q_all[b, c]
+                    if bool(u[c] * q[x] * mass < resid[x]):
+                        chosen = c
+                        break
+                    resid = (resid - mass * q).clamp_min(0.0)
+                    mass = resid.double().sum().float()
+                else:
+                    px = resid[x]
+                    if bool(u[c] * mass < px):
+                        chosen = c
+                        break
+                    mass = mass - px
+                    resid[x] = 0.0
+            if chosen >= 0 and len(path) < width:
+                path.append(chosen)
+                node = chosen
+                continue
+            if chosen >= 0:
+                token = tok[chosen]
+            else:
+                token = sample_from_weights(resid, float(u[0]))
+                if token < 0:
+                    token = sample_from_weights(p, float(u[0]))
+            break
+        rows.append((path, len(path) - 1, token))
+    return _tree_outputs(rows, tree_tokens, width)
+
+
+def _as_index(values, like: Tensor) -> Tensor:
+    return torch.tensor(values, dtype=like.dtype)
