@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 
 #include <sstream>
+#include <tuple>
+#include <utility>
 #include <string>
 
 namespace specdec {
@@ -226,6 +228,114 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
     check_ids_in_range(tree_tokens.slice(1, 1), d.V, op, "tree_tokens");
   }
   return d;
+}
+
+}  // namespace specdec
+
+// --- tree attention and KV commit -------------------------------------------------------------
+namespace specdec {
+
+AttentionDims check_tree_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& prefix_len,
+                                   const std::optional<at::Tensor>& tree_mask,
+                                   const at::Tensor& out) {
+  const char* op = "tree_attention";
+  check_probs(q, op, "q", 4);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  TORCH_CHECK_VALUE(T >= 1 && D >= 1, "specdec.", op, ": q must have T >= 1 tokens and D >= 1, got shape ",
+                    q.sizes());
+  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {
+    check_probs(*t, op, name, 4);
+    check_same_dtype(*t, q, op, name, "q");
+    check_device(*t, q, op, name);
+    TORCH_CHECK_VALUE(t->stride(3) == 1, "specdec.", op, ": ", name,
+                      " must be contiguous in its last (head) dimension");
+  }
+  check_shape(k_cache, op, "k_cache", {B, -1, -1, D});
+  const int64_t Hkv = k_cache.size(1), S = k_cache.size(2);
+  TORCH_CHECK_VALUE(Hkv >= 1 && H % Hkv == 0, "specdec.", op, ": the ", H,
+                    " query heads of q must be a multiple of the ", Hkv, " heads of k_cache");
+  TORCH_CHECK_VALUE(S >= T, "specdec.", op, ": k_cache holds ", S, " positions, fewer than the ",
+                    T, " tokens of q");
+  check_shape(v_cache, op, "v_cache", {B, Hkv, S, D});
+  check_index(prefix_len, op, "prefix_len", 1);
+  check_shape(prefix_len, op, "prefix_len", {B});
+  check_device(prefix_len, q, op, "prefix_len");
+  if (tree_mask) {
+    TORCH_CHECK_TYPE(tree_mask->scalar_type() == at::kBool, "specdec.", op,
+                     ": tree_mask must be bool, got ", tree_mask->scalar_type());
+    check_shape(*tree_mask, op, "tree_mask", {B, T, T});
+    check_device(*tree_mask, q, op, "tree_mask");
+  }
+  check_out(out, q, op, "out", {B, H, T, D}, q.scalar_type());
+  if (prefix_len.is_cpu()) {
+    const at::Tensor p = prefix_len.to(at::kLong).contiguous();
+    const int64_t* data = p.const_data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(data[b] >= 0 && data[b] + T <= S, "specdec.", op, ": prefix_len[", b,
+                        "] = ", data[b], " leaves no room for the ", T,
+                        " tokens of q in the cache (need 0 <= prefix_len <= ", S - T, ")");
+    }
+  }
+  return {B, H, Hkv, T, D, S};
+}
+
+CommitDims check_kv_commit(at::TensorList k_caches, at::TensorList v_caches,
+                           const at::Tensor& lengths, const at::Tensor& src_pos,
+                           const at::Tensor& accept_len) {
+  const char* op = "kv_commit";
+  const int64_t L = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK_VALUE(L >= 1, "specdec.", op, ": k_caches is empty");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(v_caches.size()) == L, "specdec.", op, ": k_caches has ",
+                    L, " layers but v_caches has ", v_caches.size());
+  const at::Tensor& k0 = k_caches[0];
+  check_probs(k0, op, "k_caches", 4);
+  const int64_t B = k0.size(0), S = k0.size(2);
+  const at::Tensor& v0 = v_caches[0];
+  check_probs(v0, op, "v_caches", 4);
+  check_shape(v0, op, "v_caches", {B, -1, S, -1});
+  for (const auto& [list, ref, name] :
+       {std::tuple{k_caches, &k0, "k_caches"}, std::tuple{v_caches, &v0, "v_caches"}}) {
+    for (const at::Tensor& c : list) {
+      check_same_dtype(c, k0, op, name, "k_caches[0]");
+      check_device(c, k0, op, name);
+      check_shape(c, op, name, ref->sizes());
+      TORCH_CHECK_VALUE(c.is_contiguous(), "specdec.", op, ": every tensor of ", name,
+                        " must be contiguous");
+    }
+  }
+  check_index(lengths, op, "lengths", 1);
+  check_shape(lengths, op, "lengths", {B});
+  check_device(lengths, k0, op, "lengths");
+  TORCH_CHECK_VALUE(lengths.is_contiguous(), "specdec.", op, ": lengths must be contiguous");
+  check_index(src_pos, op, "src_pos", 2);
+  check_shape(src_pos, op, "src_pos", {B, -1});
+  check_same_dtype(src_pos, lengths, op, "src_pos", "lengths");
+  check_device(src_pos, k0, op, "src_pos");
+  check_index(accept_len, op, "accept_len", 1);
+  check_shape(accept_len, op, "accept_len", {B});
+  check_same_dtype(accept_len, lengths, op, "accept_len", "lengths");
+  check_device(accept_len, k0, op, "accept_len");
+  const int64_t A = src_pos.size(1);
+  if (lengths.is_cpu()) {
+    const at::Tensor len = lengths.to(at::kLong), n = accept_len.to(at::kLong),
+                     src = src_pos.to(at::kLong).contiguous();
+    const int64_t *pl = len.const_data_ptr<int64_t>(), *pn = n.const_data_ptr<int64_t>(),
+                  *ps = src.const_data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(pn[b] >= 0 && pn[b] <= A, "specdec.", op, ": accept_len[", b, "] = ",
+                        pn[b], " is outside [0, ", A, "] (src_pos has ", A, " columns)");
+      TORCH_CHECK_VALUE(pl[b] >= 0 && pl[b] + pn[b] <= S, "specdec.", op, ": lengths[", b,
+                        "] = ", pl[b], " plus accept_len ", pn[b],
+                        " does not fit the cache's ", S, " positions");
+      for (int64_t i = 0; i < pn[b]; ++i) {
+        const int64_t s = ps[b * A + i];
+        TORCH_CHECK_VALUE(s >= 0 && s < S, "specdec.", op, ": src_pos[", b, ", ", i, "] = ", s,
+                          " is outside the cache [0, ", S, ")");
+      }
+    }
+  }
+  return {L, B, S, A, k0.size(1), k0.size(3), v0.size(1), v0.size(3)};
 }
 
 }  // namespace specdec

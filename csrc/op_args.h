@@ -53,4 +53,22 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
                              const at::Tensor& accept_path, const at::Tensor& accept_len,
                              const at::Tensor& next_token);
 
+// --- tree attention and KV commit -------------------------------------------------------------
+struct AttentionDims { int64_t B, H, Hkv, T, D, S; };
+// q [B, H, T, D]; k_cache, v_cache [B, Hkv, S, D] (last dim contiguous); prefix_len [B];
+// tree_mask [B, T, T] bool or none (causal); out [B, H, T, D]. On CPU also checks the values:
+// 0 <= prefix_len[b] <= S - T.
+AttentionDims check_tree_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& prefix_len,
+                                   const std::optional<at::Tensor>& tree_mask,
+                                   const at::Tensor& out);
+
+struct CommitDims { int64_t L, B, S, A, Hk, Dk, Hv, Dv; };
+// k_caches, v_caches: L contiguous caches each ([B, Hkv, S, D]: all keys one shape, all values
+// one shape, one dtype and device); lengths [B] (contiguous), src_pos [B, A], accept_len [B], one
+// index dtype. On CPU also checks the values (see docs/ops.md).
+CommitDims check_kv_commit(at::TensorList k_caches, at::TensorList v_caches,
+                           const at::Tensor& lengths, const at::Tensor& src_pos,
+                           const at::Tensor& accept_len);
+
 }  // namespace specdec

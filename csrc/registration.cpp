@@ -24,3 +24,13 @@ TORCH_LIBRARY(specdec, m) {
       "float posterior_alpha=0.3, *, Tensor(a!) accept_path, Tensor(b!) accept_len, "
       "Tensor(c!) next_token) -> ()");
 }
+
+// --- tree attention and KV commit ---------------------------------------------------------------
+TORCH_LIBRARY_FRAGMENT(specdec, m) {
+  m.def(
+      "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_len, "
+      "Tensor? tree_mask=None, float? scale=None, *, Tensor(a!) out) -> ()");
+  m.def(
+      "kv_commit(Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor(c!) lengths, "
+      "Tensor src_pos, Tensor accept_len) -> ()");
+}

@@ -291,3 +291,90 @@ def _(
     next_token,
 ):
     return None
+
+
+# --- tree attention and KV commit -----------------------------------------------------------------
+__all__ += ["kv_commit", "tree_attention"]
+
+
+def tree_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    prefix_len: Tensor,
+    tree_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Attention of T new tokens per row over the row's cached prefix and their tree ancestors.
+
+    Row ``b`` has ``prefix_len[b]`` committed positions (``0 .. prefix_len[b] - 1`` of the
+    cache) and its T new tokens' keys/values at ``prefix_len[b] .. prefix_len[b] + T - 1``.
+    New token ``i`` attends to every committed position and to the new tokens ``j`` with
+    ``tree_mask[b, i, j]`` (its ancestors and itself); ``tree_mask=None`` means a chain (causal:
+    ``j <= i``), as in a prefill. Grouped-query attention: the H query heads share the Hkv
+    key/value heads in groups of ``H // Hkv``. A token that sees no position gets zeros.
+
+    Args:
+        q: ``[B, H, T, D]`` queries (float32, float16 or bfloat16; computed in float32).
+        k_cache, v_cache: ``[B, Hkv, S, D]`` caches (q's dtype, last dimension contiguous).
+        prefix_len: ``[B]`` committed lengths (int64 or int32), ``0 <= prefix_len <= S - T``.
+        tree_mask: ``[B, T, T]`` bool (see :func:`build_tree`), or ``None`` for causal.
+        scale: score scale, default ``1 / sqrt(D)``.
+
+    Returns:
+        ``[B, H, T, D]`` in q's dtype.
+
+    Example:
+        >>> q = torch.zeros(1, 1, 2, 4)                   # equal scores: a plain average
+        >>> k = torch.zeros(1, 1, 4, 4)
+        >>> v = torch.arange(4.0).view(1, 1, 4, 1).expand(1, 1, 4, 4).contiguous()
+        >>> mask = torch.tensor([[[True, False], [False, True]]])   # two siblings
+        >>> tree_attention(q, k, v, torch.tensor([1]), mask)[0, 0, :, 0].tolist()
+        [0.5, 1.0]
+    """
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    _ops.tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale, out=out)
+    return out
+
+
+def kv_commit(
+    k_caches: list[Tensor],
+    v_caches: list[Tensor],
+    lengths: Tensor,
+    src_pos: Tensor,
+    accept_len: Tensor,
+) -> None:
+    """Moves the accepted entries of every layer's KV cache into place, in place.
+
+    For every layer and row ``b``: ``cache[b, :, lengths[b] + i] = cache[b, :, src_pos[b, i]]``
+    for ``i < accept_len[b]``, copied in order of ``i`` (so overlapping sources and
+    destinations are right whenever ``src_pos[b, i] >= lengths[b] + i``, as for the nodes of a
+    tree path); then ``lengths[b] += accept_len[b]``. Rolling back is only lowering
+    ``lengths``.
+
+    Args:
+        k_caches, v_caches: one ``[B, Hkv, S, D]`` contiguous tensor per layer (all of a list
+            one shape; one dtype and device).
+        lengths: ``[B]`` int64 or int32, contiguous: updated in place.
+        src_pos: ``[B, A]`` absolute source positions (lengths' dtype); columns past
+            ``accept_len[b]`` are ignored.
+        accept_len: ``[B]`` number of entries to move per row, ``0 <= accept_len <= A``.
+
+    Example:
+        >>> k = torch.arange(6.0).view(1, 1, 6, 1).contiguous(); v = k.clone()
+        >>> lengths = torch.tensor([2])
+        >>> kv_commit([k], [v], lengths, torch.tensor([[3, 5]]), torch.tensor([2]))
+        >>> k.flatten().tolist(), lengths.tolist()
+        ([0.0, 1.0, 3.0, 5.0, 4.0, 5.0], [4])
+    """
+    _ops.kv_commit(k_caches, v_caches, lengths, src_pos, accept_len)
+
+
+@torch.library.register_fake("specdec::tree_attention")
+def _(q, k_cache, v_cache, prefix_len, tree_mask=None, scale=None, *, out):
+    return None
+
+
+@torch.library.register_fake("specdec::kv_commit")
+def _(k_caches, v_caches, lengths, src_pos, accept_len):
+    return None

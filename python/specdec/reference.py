@@ -223,3 +223,49 @@ def tree_speculative_sampling(
 
 def _as_index(values, like: Tensor) -> Tensor:
     return torch.tensor(values, dtype=like.dtype)
+
+
+# --- tree attention and KV commit -----------------------------------------------------------------
+def tree_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    prefix_len: Tensor,
+    tree_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """scaled_dot_product_attention (float32) with the explicit mask: prefix, then the tree."""
+    B, H, T, D = q.shape
+    S = k_cache.shape[2]
+    group = H // k_cache.shape[1]
+    if tree_mask is None:
+        tree_mask = torch.ones(B, T, T, dtype=torch.bool, device=q.device).tril()
+    out = torch.empty(B, H, T, D, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        p = int(prefix_len[b])
+        mask = torch.zeros(T, p + T, dtype=torch.bool, device=q.device)
+        mask[:, :p] = True
+        mask[:, p:] = tree_mask[b]
+        k = k_cache[b, :, : p + T].float().repeat_interleave(group, 0)
+        v = v_cache[b, :, : p + T].float().repeat_interleave(group, 0)
+        scores = q[b].float() @ k.transpose(-1, -2) * (D**-0.5 if scale is None else scale)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, -1).nan_to_num(0.0)  # a query seeing nothing: zeros
+        out[b] = weights @ v
+    return out.to(q.dtype)
+
+
+def kv_commit(
+    k_caches: list[Tensor],
+    v_caches: list[Tensor],
+    lengths: Tensor,
+    src_pos: Tensor,
+    accept_len: Tensor,
+) -> None:
+    """In place, one entry at a time in order (the semantics of the op, overlaps included)."""
+    for cache in [*k_caches, *v_caches]:
+        for b in range(lengths.shape[0]):
+            start = int(lengths[b])
+            for i in range(int(accept_len[b])):
+                cache[b, :, start + i] = cache[b, :, int(src_pos[b, i])]
+    lengths += accept_len
