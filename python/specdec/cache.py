@@ -1,0 +1,167 @@
+"""One preallocated KV cache for speculative decoding over Hugging Face models.
+
+:class:`SpecCache` is a ``transformers`` :class:`~transformers.Cache` whose every layer holds
+``keys``/``values`` of shape ``[B, Hkv, max_length, D]``, allocated once, and a per-row
+``lengths`` tensor ``[B]`` (int64, on the cache's device) shared by all layers: row ``b`` has
+committed positions ``0 .. lengths[b] - 1``. During a forward (see
+:func:`specdec.tree_forward.tree_forward`) the T new tokens' keys/values of row ``b`` are
+written at ``lengths[b] .. lengths[b] + T - 1`` (rows may have different lengths) and
+``lengths`` does not move; afterwards the decoder keeps what it accepted:
+
+- :meth:`SpecCache.commit` / :meth:`SpecCache.commit_path` move the accepted entries into place
+  for every layer in one ``kv_commit`` call and advance ``lengths``;
+- :meth:`SpecCache.advance` keeps the first n new entries of each row as they are (a prefill, a
+  chain whose first n tokens were accepted);
+- :meth:`SpecCache.rollback` sets ``lengths`` back (no copy).
+
+Nothing is reallocated per step, and no method synchronises with the device.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import PretrainedConfig
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specdec import ops
+
+__all__ = ["SpecCache", "SpecCacheLayer"]
+
+
+class SpecCacheLayer(CacheLayerMixin):
+    """One layer of a :class:`SpecCache`: preallocated keys/values and the shared lengths."""
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, keys: Tensor, values: Tensor, lengths: Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.lengths = keys, values, lengths
+        self.device = keys.device
+        self.max_length = keys.shape[2]
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        """Nothing to do: the tensors are allocated up front."""
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, *args, **kwargs
+    ) -> tuple[Tensor, Tensor]:
+        """Writes the T new entries of row b at ``lengths[b] ..``; returns the whole buffers.
+
+        Positions past the end of the cache are clamped to its last slot (a CUDA tensor cannot
+        raise without a synchronisation; :func:`~specdec.tree_forward.tree_forward` checks the
+        room on CPU).
+        """
+        B, _, T, _ = key_states.shape
+        rows = torch.arange(B, device=self.device)[:, None]
+        pos = (self.lengths[:, None] + torch.arange(T, device=self.device)).clamp_max(
+            self.max_length - 1
+        )
+        # Advanced indices around a slice put the indexed dims first: [B, T, Hkv, D].
+        self.keys[rows, :, pos] = key_states.transpose(1, 2).to(self.keys.dtype)
+        self.values[rows, :, pos] = value_states.transpose(1, 2).to(self.values.dtype)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.max_length, 0
+
+    def get_seq_length(self) -> Tensor:  # type: ignore[override]
+        """The longest row (a 0-d tensor: rows are ragged, and an int would need a sync)."""
+        return self.lengths.amax()
+
+    def get_max_length(self) -> int:
+        return self.max_length
+
+    def reset(self) -> None:
+        self.lengths.zero_()
+
+
+class SpecCache(Cache):
+    """Preallocated KV cache with ragged per-row lengths, shared by every specdec decoder.
+
+    Args:
+        config: the model's config (its text decoder's is used): layers, KV heads, head size.
+        batch_size: rows B.
+        max_length: positions per row (prompt + generated + the largest tree verified at once).
+        dtype, device: of the keys/values (the model's).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        ...                   num_hidden_layers=2, intermediate_size=64, vocab_size=50)
+        >>> cache = SpecCache(cfg, batch_size=2, max_length=16)
+        >>> len(cache), tuple(cache.layers[0].keys.shape), cache.lengths.tolist()
+        (2, (2, 2, 16, 8), [0, 0])
+        >>> cache.advance(torch.tensor([5, 3]))                  # e.g. after a prefill
+        >>> cache.commit_path(torch.tensor([[0, 2, -1], [0, -1, -1]]), torch.tensor([1, 0]))
+        >>> cache.lengths.tolist()                               # root + accepted nodes
+        [7, 4]
+    """
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        batch_size: int,
+        max_length: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        cfg = config.get_text_config(decoder=True)
+        n_layers = cfg.num_hidden_layers
+        n_heads = cfg.num_attention_heads
+        n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+        for kind in getattr(cfg, "layer_types", None) or []:
+            if kind not in ("full_attention", "sliding_attention"):
+                raise NotImplementedError(
+                    f"specdec.SpecCache: layers of type {kind!r} are not supported"
+                )
+        self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        shape = (batch_size, n_kv, max_length, head_dim)
+        layers = [
+            SpecCacheLayer(
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+                self.lengths,
+            )
+            for _ in range(n_layers)
+        ]
+        super().__init__(layers=layers)
+        self.max_length = max_length
+
+    @property
+    def key_caches(self) -> list[Tensor]:
+        return [layer.keys for layer in self.layers]
+
+    @property
+    def value_caches(self) -> list[Tensor]:
+        return [layer.values for layer in self.layers]
+
+    def commit(self, src_pos: Tensor, accept_len: Tensor) -> None:
+        """Moves ``src_pos[b, :accept_len[b]]`` (absolute positions) to ``lengths[b] ..`` in
+        every layer and advances ``lengths`` (one :func:`specdec.ops.kv_commit`)."""
+        ops.kv_commit(
+            self.key_caches,
+            self.value_caches,
+            self.lengths,
+            src_pos.to(self.lengths.dtype),
+            accept_len.to(self.lengths.dtype),
+        )
+
+    def commit_path(self, accept_path: Tensor, accept_len: Tensor) -> None:
+        """Keeps a verified tree's root and accepted nodes, as the tree verification ops return
+        them (``accept_path[b] = [0, n1, .., n_k, -1, ..]``, ``accept_len[b] = k``); the tree's
+        node i was written at ``lengths[b] + i`` by the verification forward."""
+        src = self.lengths[:, None] + accept_path.to(self.lengths.dtype).clamp_min(0)
+        self.commit(src, accept_len.to(self.lengths.dtype) + 1)
+
+    def advance(self, counts: Tensor) -> None:
+        """Keeps the first ``counts[b]`` entries written after ``lengths[b]``, where they are."""
+        self.lengths += counts.to(self.lengths)
+
+    def rollback(self, lengths: Tensor) -> None:
+        """Sets the committed lengths (shorter ones drop entries; nothing is copied)."""
+        self.lengths.copy_(lengths)

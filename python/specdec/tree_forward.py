@@ -1,0 +1,174 @@
+"""One forward of a Hugging Face causal LM over a whole token tree (or a prompt), on a SpecCache.
+
+:func:`enable_tree_attention` registers :func:`specdec.ops.tree_attention` as the
+``transformers`` attention implementation ``"specdec_tree"`` (through the public
+``AttentionInterface``) and selects it for a model. :func:`tree_forward` then runs the model
+once over ``tree_tokens [B, T]``: node i of row b is placed at position
+``lengths[b] + depth[b, i]``, its key/value are written at cache slot ``lengths[b] + i``, and it
+attends to the row's committed positions and to its tree ancestors. The logits of every node
+equal those of running its root-to-node path on its own after the same prefix.
+
+Passing ``parents=None`` runs a chain instead (causal attention among the T tokens), which is
+how a prompt is prefilled. Ragged prompts are RIGHT-padded: row b's prompt is
+``tokens[b, :n_b]``; everything after it is padding that no real token attends to (it comes
+later in the causal order) and that the cache drops, because only ``n_b`` entries are kept
+(``cache.advance(n)``, see :func:`prefill`). The logits of the prompt's last token are
+``logits[b, n_b - 1]``.
+
+Supported: decoder-only models whose attention modules call the attention interface (Llama,
+Qwen2, Mistral, Gemma, ... in transformers 5), without attention-logit soft-capping and with
+any sliding window at least as long as the cache.
+
+Requires transformers >= 5 (its ``Cache`` layers and ``cache=`` forward argument).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor, nn
+from transformers import AttentionInterface, PreTrainedModel
+
+from specdec import ops
+from specdec.cache import SpecCache
+
+__all__ = ["ATTN_IMPLEMENTATION", "enable_tree_attention", "prefill", "tree_forward"]
+
+ATTN_IMPLEMENTATION = "specdec_tree"
+
+
+def _tree_attention_interface(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    specdec_prefix_len: Tensor | None = None,
+    specdec_tree_mask: Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """The ``"specdec_tree"`` attention function: query [B, H, T, D], key/value the whole
+    SpecCache buffers [B, Hkv, S, D]; returns [B, T, H, D] as transformers expects."""
+    if specdec_prefix_len is None:
+        raise ValueError(
+            "specdec: the 'specdec_tree' attention runs only inside specdec.tree_forward "
+            "(with a SpecCache); call model.set_attn_implementation('sdpa') for plain use"
+        )
+    if softcap is not None:
+        raise NotImplementedError("specdec: tree attention has no attention-logit soft-capping")
+    if sliding_window is not None and sliding_window < key.shape[2]:
+        raise NotImplementedError(
+            f"specdec: the model's sliding window ({sliding_window}) is shorter than the "
+            f"SpecCache ({key.shape[2]}); use max_length <= {sliding_window}"
+        )
+    if dropout:
+        raise NotImplementedError("specdec: tree attention has no dropout (use model.eval())")
+    out = ops.tree_attention(query, key, value, specdec_prefix_len, specdec_tree_mask, scaling)
+    return out.transpose(1, 2), None
+
+
+def enable_tree_attention(model: PreTrainedModel) -> None:
+    """Registers the ``"specdec_tree"`` attention implementation (idempotent) and selects it
+    for ``model``. The model then runs only through :func:`tree_forward` and :func:`prefill`
+    (select another implementation, e.g. ``model.set_attn_implementation("sdpa")``, to use it
+    otherwise). No mask function is registered: transformers builds no mask for it, the tree
+    mask travels in the forward's keyword arguments."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, _tree_attention_interface)
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def tree_forward(
+    model: PreTrainedModel,
+    cache: SpecCache,
+    tree_tokens: Tensor,
+    parents: Tensor | None = None,
+) -> Tensor:
+    """Logits of every node of a token tree per row, in one forward pass.
+
+    Args:
+        model: a causal LM with :func:`enable_tree_attention` applied.
+        cache: its :class:`~specdec.cache.SpecCache`; row b's node i is written at slot
+            ``cache.lengths[b] + i``; ``cache.lengths`` is not changed (commit afterwards).
+        tree_tokens: ``[B, T]`` token of every node (node 0, the root, is the last emitted
+            token, whose key/value are not cached yet).
+        parents: ``[B, T]`` the trees (see :func:`specdec.ops.build_tree`), or ``None`` for a
+            chain of T tokens (causal; a prefill).
+
+    Returns:
+        ``[B, T, V]`` logits: the model's next-token logits after each node.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> _ = torch.manual_seed(0)
+        >>> cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        ...                   num_hidden_layers=2, intermediate_size=64, vocab_size=50)
+        >>> model = LlamaForCausalLM(cfg).eval()
+        >>> enable_tree_attention(model)
+        >>> cache = SpecCache(cfg, batch_size=1, max_length=32)
+        >>> _ = prefill(model, cache, torch.tensor([[1, 2, 3]]))
+        >>> tree = torch.tensor([[4, 5, 6]])                    # 5 and 6 both follow 4
+        >>> logits = tree_forward(model, cache, tree, torch.tensor([[-1, 0, 0]]))
+        >>> alone = tree_forward(model, cache, torch.tensor([[4, 6]]))   # the path 4 -> 6
+        >>> torch.allclose(logits[0, 2], alone[0, 1], atol=1e-5)
+        True
+    """
+    if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+        raise ValueError(
+            "specdec.tree_forward: call specdec.tree_forward.enable_tree_attention(model) first "
+            f"(the model uses {model.config._attn_implementation!r} attention)"
+        )
+    if tree_tokens.dim() != 2:
+        raise ValueError(f"specdec.tree_forward: tree_tokens must be [B, T], got {tuple(tree_tokens.shape)}")
+    B, T = tree_tokens.shape
+    lengths = cache.lengths
+    if lengths.shape[0] != B:
+        raise ValueError(f"specdec.tree_forward: tree_tokens has {B} rows, the cache {lengths.shape[0]}")
+    if lengths.device.type == "cpu" and int(lengths.max()) + T > cache.max_length:
+        raise ValueError(
+            f"specdec.tree_forward: {T} more tokens do not fit the cache (max_length "
+            f"{cache.max_length}, longest row {int(lengths.max())})"
+        )
+    if parents is None:
+        mask = None
+        depth = torch.arange(T, device=tree_tokens.device).expand(B, T)
+    else:
+        mask, depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
+    position_ids = lengths[:, None] + depth.to(lengths.dtype)
+    out = model(
+        input_ids=tree_tokens,
+        position_ids=position_ids,
+        use_cache=True,
+        specdec_prefix_len=lengths,
+        specdec_tree_mask=mask,
+        **{_cache_kwarg(model): cache},
+    )
+    return out.logits
+
+
+def prefill(
+    model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor | None = None
+) -> Tensor:
+    """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
+    commits them; returns the logits after every prompt's last token, ``[B, V]``.
+
+    Args:
+        model, cache: as in :func:`tree_forward`.
+        tokens: ``[B, N]`` prompts, right-padded with any token id.
+        lengths: ``[B]`` prompt lengths (default: all N).
+    """
+    B, N = tokens.shape
+    if lengths is None:
+        lengths = torch.full((B,), N, dtype=torch.int64, device=tokens.device)
+    logits = tree_forward(model, cache, tokens)
+    cache.advance(lengths)
+    last = (lengths.to(torch.int64) - 1).clamp_min(0).to(logits.device)
+    return logits[torch.arange(B, device=logits.device), last]
