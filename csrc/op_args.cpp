@@ -3,6 +3,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/TensorBody.h>
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/special_entr.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
@@ -226,6 +227,10 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
     check_ids_in_range(tree_tokens.slice(1, 1), d.V, op, "tree_tokens");
   }
   return d;
+}
+
+at::Tensor node_entropy(const at::Tensor& target_probs) {
+  return at::special_entr(target_probs.to(at::kFloat)).sum(-1).contiguous();
 }
 
 }  // namespace specdec
