@@ -22,7 +22,9 @@ void check_out(const at::Tensor& out, const at::Tensor& ref, const char* op, con
                at::IntArrayRef shape, at::ScalarType dtype);
 
 // Values (read the data: CPU tensors only).
-void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name);
+// Ids in [0, vocab); with allow_padding, -1 (an unused slot) too.
+void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name,
+                        bool allow_padding = false);
 void check_parents(const at::Tensor& parents, const char* op);
 
 // Greedy ops take the target as token ids [B, N] or as logits [B, N, V]; returns the ids

@@ -134,7 +134,7 @@ def bad_calls(device):
         bad_ids = ids.clone()
         bad_ids[1, 2] = 11
         neg_tok = tok.clone()
-        neg_tok[0, 3] = -5
+        neg_tok[0, 3] = -5  # -1 would be a padding node
         cases += [
             ("draft id past vocab", lambda: cs(q, bad_ids, p, u), "draft_ids"),
             ("tree token negative", lambda: ts(neg_tok, par, tp, tu), "tree_tokens"),

@@ -184,3 +184,15 @@ def test_tree_sampling_one_hot_targets_accept_the_matching_path(device):
             expected.append(node)
         assert path[b, : len(expected)].tolist() == expected
         assert int(n[b]) == int(depth[b, node]) and int(nxt[b]) == 7
+
+
+def test_padding_nodes_are_never_accepted(device):
+    # Row 1 has only one candidate; its other nodes are padding (-1) under a real chain.
+    tokens = torch.tensor([[0, 1, 2, 3], [0, 1, -1, -1]], device=device)
+    parents = torch.tensor([[-1, 0, 1, 2], [-1, 0, 1, 2]], device=device)
+    p = torch.nn.functional.one_hot(torch.tensor([[1, 2, 3, 0], [1, 2, 3, 0]]), 4).float().to(device)
+    u = torch.rand(2, 4, device=device)
+    path, n, nxt = ops.tree_speculative_sampling(tokens, parents, p, u)
+    assert n.tolist() == [3, 1] and nxt.tolist() == [0, 2]
+    path, n, nxt = ops.tree_verify_greedy(tokens, parents, p)
+    assert n.tolist() == [3, 1] and nxt.tolist() == [0, 2]
