@@ -3,6 +3,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/TensorBody.h>
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/special_entr.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
@@ -80,14 +81,17 @@ void check_out(const at::Tensor& out, const at::Tensor& ref, const char* op, con
                     " must be contiguous");
 }
 
-void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name) {
+void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name,
+                        bool allow_padding) {
   const at::Tensor flat = ids.contiguous();
   AT_DISPATCH_INDEX_TYPES(flat.scalar_type(), "check_ids_in_range", [&] {
     const index_t* data = flat.const_data_ptr<index_t>();
     for (int64_t i = 0; i < flat.numel(); ++i) {
-      TORCH_CHECK_VALUE(data[i] >= 0 && data[i] < vocab, "specdec.", op, ": ", name,
+      const bool ok = (data[i] >= 0 && data[i] < vocab) || (allow_padding && data[i] == -1);
+      TORCH_CHECK_VALUE(ok, "specdec.", op, ": ", name,
                         " holds the token id ", static_cast<int64_t>(data[i]),
-                        ", outside the vocabulary [0, ", vocab, ")");
+                        ", outside the vocabulary [0, ", vocab, ")",
+                        allow_padding ? " (-1 marks a padding node)" : "");
     }
   });
 }
@@ -224,10 +228,15 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
                       ": posterior_alpha must be >= 0, got ", posterior_alpha);
   }
   if (tree_tokens.is_cpu()) {
-    // The root's token is the last committed one and is never read.
-    check_ids_in_range(tree_tokens.slice(1, 1), d.V, op, "tree_tokens");
+    // The root's token is the last committed one and is never read; -1 marks padding nodes
+    // (rows with fewer candidates than T), which are never accepted.
+    check_ids_in_range(tree_tokens.slice(1, 1), d.V, op, "tree_tokens", /*allow_padding=*/true);
   }
   return d;
+}
+
+at::Tensor node_entropy(const at::Tensor& target_probs) {
+  return at::special_entr(target_probs.to(at::kFloat)).sum(-1).contiguous();
 }
 
 }  // namespace specdec

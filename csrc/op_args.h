@@ -22,13 +22,19 @@ void check_out(const at::Tensor& out, const at::Tensor& ref, const char* op, con
                at::IntArrayRef shape, at::ScalarType dtype);
 
 // Values (read the data: CPU tensors only).
-void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name);
+// Ids in [0, vocab); with allow_padding, -1 (an unused slot) too.
+void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name,
+                        bool allow_padding = false);
 void check_parents(const at::Tensor& parents, const char* op);
 
 // Greedy ops take the target as token ids [B, N] or as logits [B, N, V]; returns the ids
 // (computing the argmax of logits on the tensor's device).
 at::Tensor target_ids_from(const at::Tensor& target, const at::Tensor& ids_like, const char* op,
                            int64_t B, int64_t N);
+
+// Entropy (nats) of every distribution of target_probs [B, T, V] -> float32 [B, T], for
+// Medusa's typical acceptance.
+at::Tensor node_entropy(const at::Tensor& target_probs);
 
 // Whole-op checks, shared by the CPU and CUDA launchers; return the sizes.
 struct ChainDims { int64_t B, K, V; };

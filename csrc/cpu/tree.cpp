@@ -2,7 +2,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/special_entr.h>
 #include <torch/library.h>
 
 #include <vector>
@@ -81,9 +80,7 @@ void tree_speculative_sampling(const at::Tensor& tree_tokens, const at::Tensor& 
                    target = target_probs.contiguous(), u = uniform.contiguous();
   const at::Tensor draft = draft_probs ? draft_probs->contiguous() : at::Tensor();
   // Entropy of every node's distribution, for typical acceptance only.
-  const at::Tensor entropy = posterior_threshold
-                                 ? at::special_entr(target.to(at::kFloat)).sum(-1).contiguous()
-                                 : at::Tensor();
+  const at::Tensor entropy = posterior_threshold ? node_entropy(target) : at::Tensor();
   const int64_t T = d.T, V = d.V, P = d.width;
   AT_DISPATCH_INDEX_TYPES(tok.scalar_type(), "tree_speculative_sampling", [&] {
     AT_DISPATCH_FLOATING_TYPES_AND2(

@@ -37,5 +37,5 @@ def build_info() -> BuildInfo:
         pkg_version = version("specdec")
     except PackageNotFoundError:  # running from a source tree
         pkg_version = "0+unknown"
-    archs = tuple(a for a in _C.cuda_archs.split(";") if a)
+    archs = tuple(a for a in _C.cuda_archs.split(",") if a)
     return BuildInfo(pkg_version, _C.torch_version, bool(_C.with_cuda), archs)

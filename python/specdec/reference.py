@@ -14,14 +14,27 @@ from torch import Tensor
 
 def sample_from_weights(weights: Tensor, u: float) -> int:
     """Smallest j with cumsum(w)[j] > u * sum(w) and w[j] > 0 (the last positive j if rounding
-    leaves none); -1 when all weights are zero. Negative and NaN weights count as zero."""
-    w = torch.nan_to_num(weights.double(), nan=0.0).clamp_min(0.0)
+    leaves none); -1 when all weights are zero. Negative and NaN weights count as zero. Sums run
+    in float64 in index order and the total is rounded to float32, as in the CPU kernel."""
+    w = torch.nan_to_num(weights.float(), nan=0.0).clamp_min(0.0).double()
     positive = torch.nonzero(w > 0).flatten()
     if positive.numel() == 0:
         return -1
     cdf = torch.cumsum(w, 0)
-    j = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
+    total = _float32(float(cdf[-1]))
+    if not total > 0:
+        return -1
+    j = int(torch.searchsorted(cdf, u * total, right=True))
     return j if j < w.numel() else int(positive[-1])
+
+
+def _float32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _mass(w: Tensor) -> Tensor:
+    """float32 total of w summed in float64 in index order (the CPU kernel's sum)."""
+    return torch.tensor(_float32(float(torch.cumsum(w.double(), 0)[-1])), dtype=torch.float32)
 
 
 def _chain_row(accepted: list[int], token: int, width: int) -> list[int]:
@@ -198,7 +211,7 @@ def tree_speculative_sampling(
                         chosen = c
                         break
                     resid = (resid - mass * q).clamp_min(0.0)
-                    mass = resid.double().sum().float()
+                    mass = _mass(resid)
                 else:
                     px = resid[x]
                     if bool(u[c] * mass < px):

@@ -1,0 +1,183 @@
+// CUDA kernels of the tree ops: the per-row logic of core/tree.h. build_tree: one block per row,
+// a thread per node; greedy and typical walks: one thread per row; sampling: one block per row.
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "core/tree.h"
+#include "cuda/block_exec.cuh"
+#include "cuda/launch.cuh"
+#include "op_args.h"
+
+namespace specdec::cuda {
+namespace {
+
+constexpr int kTreeBlock = 256;
+// build_tree keeps one leaf flag per node in shared memory.
+constexpr int64_t kMaxTreeNodes = 32768;
+
+template <class I>
+__global__ void build_tree_kernel(const I* parents, int64_t T, int64_t L, int64_t P, bool* mask,
+                                  I* depth, I* paths) {
+  extern __shared__ bool is_leaf[];
+  const int64_t b = blockIdx.x;
+  const I* row = parents + b * T;
+  for (int64_t i = threadIdx.x; i < T; i += blockDim.x)
+    core::tree_node_info(row, i, T, mask + (b * T + i) * T, depth + b * T + i, &is_leaf[i]);
+  __syncthreads();
+  I* pb = paths + b * L * P;
+  for (int64_t i = threadIdx.x; i < T; i += blockDim.x) {
+    if (!is_leaf[i]) continue;
+    int64_t rank = 0;
+    for (int64_t j = 0; j < i; ++j) rank += is_leaf[j];
+    if (rank < L) core::write_path(row, i, static_cast<int64_t>(depth[b * T + i]), pb + rank * P, P);
+  }
+  int64_t leaves = 0;
+  for (int64_t j = 0; j < T; ++j) leaves += is_leaf[j];
+  for (int64_t k = leaves * P + threadIdx.x; k < L * P; k += blockDim.x) pb[k] = static_cast<I>(-1);
+}
+
+template <class I>
+__global__ void tree_greedy_kernel(const I* tokens, const I* parents, const I* target, int64_t B,
+                                   int64_t T, int64_t P, I* path, I* len, I* next) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  const I* t = target + b * T;
+  core::tree_greedy_row(tokens + b * T, parents + b * T,
+                        [=](int64_t n) { return static_cast<int64_t>(t[n]); }, T, path + b * P,
+                        P, len + b, next + b);
+}
+
+template <class P, class I>
+__global__ void __launch_bounds__(kRowBlock)
+    tree_sampling_kernel(const I* tokens, const I* parents, const P* p, const float* u,
+                         const P* q, int64_t T, int64_t V, float* resid, int64_t W, I* path,
+                         I* len, I* next) {
+  __shared__ typename BlockExec<kRowBlock>::Storage storage;
+  BlockExec<kRowBlock> ex{storage};
+  const int64_t b = blockIdx.x;
+  core::tree_sampling_row(ex, tokens + b * T, parents + b * T, p + b * T * V, u + b * T,
+                          q ? q + b * T * V : nullptr, T, V, resid + b * V, path + b * W, W,
+                          len + b, next + b);
+}
+
+template <class P, class I>
+__global__ void tree_typical_walk_kernel(const I* tokens, const I* parents, const P* p,
+                                         const float* entropy, float threshold, float alpha,
+                                         int64_t B, int64_t T, int64_t V, int64_t W, I* path,
+                                         I* len, I* next, int64_t* sample_node) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  sample_node[b] = core::tree_typical_walk(tokens + b * T, parents + b * T, p + b * T * V,
+                                           entropy + b * T, threshold, alpha, T, V, path + b * W,
+                                           W, len + b, next + b);
+}
+
+// Draws the next token of each row whose typical walk asked for one.
+template <class P, class I>
+__global__ void __launch_bounds__(kRowBlock)
+    sample_at_node_kernel(const P* p, const float* u, const int64_t* sample_node, int64_t T,
+                          int64_t V, I* next) {
+  __shared__ typename BlockExec<kRowBlock>::Storage storage;
+  BlockExec<kRowBlock> ex{storage};
+  const int64_t b = blockIdx.x, node = sample_node[b];
+  if (node < 0) return;
+  const int64_t token = core::sample_probs(ex, p + (b * T + node) * V, V, u[b * T]);
+  if (ex.leader()) next[b] = static_cast<I>(token);
+}
+
+void build_tree(const at::Tensor& parents, const at::Tensor& tree_mask, const at::Tensor& depth,
+                const at::Tensor& paths) {
+  const auto d = check_build_tree(parents, tree_mask, depth, paths);
+  TORCH_CHECK_VALUE(d.T <= kMaxTreeNodes, "specdec.build_tree: trees of at most ", kMaxTreeNodes,
+                    " nodes on CUDA, got ", d.T);
+  if (d.B == 0) return;
+  const c10::cuda::CUDAGuard guard(parents.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor par = parents.contiguous();
+  AT_DISPATCH_INDEX_TYPES(par.scalar_type(), "build_tree", [&] {
+    build_tree_kernel<<<d.B, kTreeBlock, d.T, stream>>>(
+        par.const_data_ptr<index_t>(), d.T, paths.size(1), paths.size(2),
+        tree_mask.mutable_data_ptr<bool>(), depth.mutable_data_ptr<index_t>(),
+        paths.mutable_data_ptr<index_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void tree_verify_greedy(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                        const at::Tensor& target, const at::Tensor& accept_path,
+                        const at::Tensor& accept_len, const at::Tensor& next_token) {
+  constexpr const char* op = "tree_verify_greedy";
+  const auto d = check_tree_verify(op, tree_tokens, parents, accept_path, accept_len, next_token);
+  const at::Tensor t = target_ids_from(target, tree_tokens, op, d.B, d.T);
+  if (d.B == 0) return;
+  const c10::cuda::CUDAGuard guard(tree_tokens.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor tok = tree_tokens.contiguous(), par = parents.contiguous();
+  AT_DISPATCH_INDEX_TYPES(tok.scalar_type(), op, [&] {
+    tree_greedy_kernel<<<blocks_for(d.B, kThreadsPerRowBlock), kThreadsPerRowBlock, 0, stream>>>(
+        tok.const_data_ptr<index_t>(), par.const_data_ptr<index_t>(), t.const_data_ptr<index_t>(),
+        d.B, d.T, d.width, accept_path.mutable_data_ptr<index_t>(),
+        accept_len.mutable_data_ptr<index_t>(), next_token.mutable_data_ptr<index_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void tree_speculative_sampling(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                               const at::Tensor& target_probs, const at::Tensor& uniform,
+                               const std::optional<at::Tensor>& draft_probs,
+                               std::optional<double> posterior_threshold, double posterior_alpha,
+                               const at::Tensor& accept_path, const at::Tensor& accept_len,
+                               const at::Tensor& next_token) {
+  const auto d = check_tree_sampling(tree_tokens, parents, target_probs, uniform, draft_probs,
+                                     posterior_threshold, posterior_alpha, accept_path,
+                                     accept_len, next_token);
+  if (d.B == 0) return;
+  const c10::cuda::CUDAGuard guard(tree_tokens.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor tok = tree_tokens.contiguous(), par = parents.contiguous(),
+                   target = target_probs.contiguous(), u = uniform.contiguous();
+  const at::Tensor draft = draft_probs ? draft_probs->contiguous() : at::Tensor();
+  AT_DISPATCH_INDEX_TYPES(tok.scalar_type(), "tree_speculative_sampling", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, target.scalar_type(), "tree_speculative_sampling", [&] {
+          const index_t* x = tok.const_data_ptr<index_t>();
+          const index_t* pa = par.const_data_ptr<index_t>();
+          const scalar_t* p = target.const_data_ptr<scalar_t>();
+          index_t* path = accept_path.mutable_data_ptr<index_t>();
+          index_t* len = accept_len.mutable_data_ptr<index_t>();
+          index_t* next = next_token.mutable_data_ptr<index_t>();
+          if (posterior_threshold) {
+            const at::Tensor entropy = node_entropy(target);
+            const at::Tensor node = at::empty({d.B}, tok.options().dtype(at::kLong));
+            tree_typical_walk_kernel<<<blocks_for(d.B, kThreadsPerRowBlock), kThreadsPerRowBlock,
+                                       0, stream>>>(
+                x, pa, p, entropy.const_data_ptr<float>(),
+                static_cast<float>(*posterior_threshold), static_cast<float>(posterior_alpha),
+                d.B, d.T, d.V, d.width, path, len, next, node.mutable_data_ptr<int64_t>());
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            sample_at_node_kernel<<<d.B, kRowBlock, 0, stream>>>(
+                p, u.const_data_ptr<float>(), node.const_data_ptr<int64_t>(), d.T, d.V, next);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            return;
+          }
+          const at::Tensor resid = at::empty({d.B, d.V}, target.options().dtype(at::kFloat));
+          tree_sampling_kernel<<<d.B, kRowBlock, 0, stream>>>(
+              x, pa, p, u.const_data_ptr<float>(),
+              draft.defined() ? draft.const_data_ptr<scalar_t>() : nullptr, d.T, d.V,
+              resid.mutable_data_ptr<float>(), d.width, path, len, next);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+  m.impl("build_tree", &build_tree);
+  m.impl("tree_verify_greedy", &tree_verify_greedy);
+  m.impl("tree_speculative_sampling", &tree_speculative_sampling);
+}
+
+}  // namespace specdec::cuda

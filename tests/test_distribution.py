@@ -1,0 +1,116 @@
+"""The sampling ops are lossless: emitted tokens follow the target's distribution.
+
+Each test verifies N >= 1e5 independent rows in one call and checks the empirical distribution
+of the emitted tokens against the exact target distribution by total-variation distance, at
+3 / sqrt(n) for n samples (about three times the expected distance on these small
+vocabularies). The drafts of every row are drawn afresh from the draft distribution, as a real
+drafter would.
+"""
+
+import torch
+from support import random_probs
+
+from specdec import ops
+
+N = 100_000
+
+
+def tv(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    counts = torch.bincount(samples.long(), minlength=probs.numel()).double()
+    return 0.5 * float((counts / counts.sum() - probs.double()).abs().sum())
+
+
+def assert_follows(samples: torch.Tensor, probs: torch.Tensor) -> None:
+    assert samples.numel() >= 1000, "too few samples to test"
+    assert (samples >= 0).all()
+    assert (probs[samples.long()] > 0).all(), "a zero-probability token was emitted"
+    assert tv(samples, probs) < 3 / samples.numel() ** 0.5
+
+
+def test_chain_sampling_is_lossless(device):
+    # The target's next-token distribution depends on the previous token (a bigram model), so
+    # conditional distributions along the chain are checked too.
+    gen = torch.Generator().manual_seed(0)
+    V, K = 6, 3
+    first = random_probs(V, gen=gen)
+    bigram = random_probs(V, V, gen=gen)     # bigram[x] = target's distribution after token x
+    draft_first = random_probs(V, gen=gen, sparsity=0.0)
+    draft_bigram = random_probs(V, V, gen=gen, sparsity=0.0)
+    for stochastic in (True, False):
+        ids = torch.empty(N, K, dtype=torch.long)
+        q = torch.empty(N, K, V)
+        q[:, 0] = draft_first
+        ids[:, 0] = torch.multinomial(draft_first, N, replacement=True, generator=gen)
+        for i in range(1, K):
+            q[:, i] = draft_bigram[ids[:, i - 1]]
+            ids[:, i] = torch.multinomial(q[:, i], 1, generator=gen)[:, 0]
+        p = torch.cat([first.expand(N, 1, V), bigram[ids]], 1)  # p[:, i] follows drafts < i
+        u = torch.rand(N, K + 1, generator=gen)
+        draft = q.to(device) if stochastic else None
+        out, n = ops.chain_speculative_sampling(draft, ids.to(device), p.to(device), u.to(device))
+        out, n = out.cpu(), n.cpu()
+        assert_follows(out[:, 0], first)
+        # Given the first emitted token x was an accepted draft, the second follows bigram[x].
+        for x in range(V):
+            rows = (n >= 1) & (out[:, 0] == x)
+            if rows.sum() >= 2000:
+                assert_follows(out[rows, 1], bigram[x])
+        assert 0 < float(n.float().mean()) < K  # both acceptances and rejections occurred
+
+
+def test_tree_sampling_is_lossless_deterministic_drafts(device):
+    #        0
+    #      / | \        children tried in order; nodes 1 and 2 may hold the same token
+    #     1  2  3
+    #    / \
+    #   4   5
+    gen = torch.Generator().manual_seed(1)
+    V = 6
+    parents = torch.tensor([-1, 0, 0, 0, 1, 1]).expand(N, 6)
+    root = random_probs(V, gen=gen)
+    bigram = random_probs(V, V, gen=gen)   # target after a token x, whatever came before
+    tokens = torch.randint(0, V, (N, 6), generator=gen)
+    p = torch.cat([root.expand(N, 1, V), bigram[tokens[:, 1:]]], 1)
+    u = torch.rand(N, 6, generator=gen)
+    path, n, nxt = ops.tree_speculative_sampling(*(t.to(device) for t in (tokens, parents, p, u)))
+    path, n, nxt = path.cpu(), n.cpu(), nxt.cpu()
+    first = torch.where(n >= 1, tokens.gather(1, path[:, 1:2].clamp_min(0))[:, 0], nxt)
+    assert_follows(first, root)
+    # Given the first token x came from an accepted node, the next one follows bigram[x].
+    second = torch.where(n >= 2, tokens.gather(1, path[:, 2:3].clamp_min(0))[:, 0], nxt)
+    for x in range(V):
+        rows = (n >= 1) & (first == x)
+        if rows.sum() >= 2000:
+            assert_follows(second[rows], bigram[x])
+
+
+def test_tree_sampling_is_lossless_stochastic_drafts(device):
+    # Root with three children drawn from q: i.i.d. (with replacement), or without replacement
+    # (each sibling's draft distribution excludes the earlier siblings' tokens).
+    gen = torch.Generator().manual_seed(2)
+    V, C = 5, 3
+    parents = torch.tensor([-1, 0, 0, 0]).expand(N, C + 1)
+    root = random_probs(V, gen=gen)
+    bigram = random_probs(V, V, gen=gen)
+    q = random_probs(V, gen=gen, sparsity=0.0)
+    for replacement in (True, False):
+        tokens = torch.zeros(N, C + 1, dtype=torch.long)
+        draft = torch.zeros(N, C + 1, V)
+        left = q.expand(N, V).clone()
+        for c in range(1, C + 1):
+            draft[:, c] = left / left.sum(-1, keepdim=True)
+            tokens[:, c] = torch.multinomial(draft[:, c], 1, generator=gen)[:, 0]
+            if not replacement:
+                left.scatter_(1, tokens[:, c : c + 1], 0.0)
+        p = torch.cat([root.expand(N, 1, V), bigram[tokens[:, 1:]]], 1)
+        u = torch.rand(N, C + 1, generator=gen)
+        path, n, nxt = ops.tree_speculative_sampling(
+            *(t.to(device) for t in (tokens, parents, p, u)), draft_probs=draft.to(device)
+        )
+        path, n, nxt = path.cpu(), n.cpu(), nxt.cpu()
+        first = torch.where(n >= 1, tokens.gather(1, path[:, 1:2].clamp_min(0))[:, 0], nxt)
+        assert_follows(first, root)
+        for x in range(V):
+            rows = (n >= 1) & (first == x)
+            if rows.sum() >= 2000:
+                assert_follows(nxt[rows], bigram[x])

@@ -1,0 +1,16 @@
+"""The runnable examples in the docstrings of the public modules."""
+
+import doctest
+import importlib
+
+import pytest
+import torch
+
+MODULES = ["specdec", "specdec.ops"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
