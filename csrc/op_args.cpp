@@ -251,8 +251,8 @@ AttentionDims check_tree_attention(const at::Tensor& q, const at::Tensor& k_cach
   const char* op = "tree_attention";
   check_probs(q, op, "q", 4);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
-  TORCH_CHECK_VALUE(T >= 1 && D >= 1, "specdec.", op, ": q must have T >= 1 tokens and D >= 1, got shape ",
-                    q.sizes());
+  TORCH_CHECK_VALUE(H >= 1 && T >= 1 && D >= 1, "specdec.", op,
+                    ": q must have H, T and D >= 1, got shape ", q.sizes());
   for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {
     check_probs(*t, op, name, 4);
     check_same_dtype(*t, q, op, name, "q");

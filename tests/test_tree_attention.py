@@ -6,15 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICES
+from support import random_parents
 
 from specdec import ops, reference
-
-
-def random_parents(B: int, T: int, gen: torch.Generator) -> torch.Tensor:
-    parents = torch.full((B, T), -1, dtype=torch.int64)
-    for i in range(1, T):
-        parents[:, i] = (torch.rand(B, generator=gen) * i).long()
-    return parents
 
 
 def sdpa_tree(q, k, v, prefix_len, tree_mask, scale=None):
@@ -37,7 +31,8 @@ def make_inputs(B, H, Hkv, T, D, S, dtype, device, seed=0, index_dtype=torch.int
     k = torch.randn(B, Hkv, S, D, generator=gen).to(device, dtype)
     v = torch.randn(B, Hkv, S, D, generator=gen).to(device, dtype)
     prefix_len = (torch.rand(B, generator=gen) * (S - T + 1)).long().to(device, index_dtype)
-    mask, _, _ = ops.build_tree(random_parents(B, T, gen).to(device))
+    parents = torch.tensor([random_parents(T, gen) for _ in range(B)])
+    mask, _, _ = ops.build_tree(parents.to(device))
     return q, k, v, prefix_len, mask
 
 

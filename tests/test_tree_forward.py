@@ -8,6 +8,7 @@ import importlib.util
 import pytest
 import torch
 from conftest import DEVICES
+from support import random_parents
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,10 +58,7 @@ def check_tree(plain, model, cache, prompts, tree, parents, atol):
 
 
 def random_tree(B, T, gen):
-    parents = torch.full((B, T), -1, dtype=torch.long)
-    for i in range(1, T):
-        parents[:, i] = (torch.rand(B, generator=gen) * i).long()
-    return parents
+    return torch.tensor([random_parents(T, gen) for _ in range(B)])
 
 
 @pytest.mark.parametrize("device", DEVICES)

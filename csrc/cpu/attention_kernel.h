@@ -24,9 +24,6 @@
 #error "define SPECDEC_CPU_ISA before including cpu/attention_kernel.h"
 #endif
 
-// The vector type only crosses inlined internal functions: the ABI note does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-
 namespace specdec::cpu::SPECDEC_CPU_ISA {
 namespace {
 
