@@ -21,7 +21,8 @@ SPECDEC_HD inline float softmax_exp(float x) {
 #if defined(__CUDA_ARCH__)
   return __expf(x);
 #else
-  const float xc = x < -87.f ? -87.f : x;
+  // Branch-free (selects only) so that the loops calling it vectorise.
+  const float xc = x > -87.f ? x : -87.f;
   // x = n ln2 + r, |r| <= ln2 / 2; the magic constant rounds to nearest without a call.
   const float n = (xc * 1.44269504088896341f + 12582912.f) - 12582912.f;
   const float r = xc - n * 0.693145751953125f - n * 1.42860682030941723e-06f;
@@ -34,7 +35,7 @@ SPECDEC_HD inline float softmax_exp(float x) {
   p = p * r + 1.f;
   p = p * r + 1.f;
   const float scale = std::bit_cast<float>((static_cast<int>(n) + 127) << 23);
-  return x < -87.f ? 0.f : p * scale;
+  return x > -87.f ? p * scale : 0.f;
 #endif
 }
 
@@ -57,7 +58,8 @@ SPECDEC_HD inline float softmax_rescale(SoftmaxState& st, float block_max) {
 
 // Weight of a score under a state's maximum; a masked score (-inf) weighs 0.
 SPECDEC_HD inline float softmax_weight(float score, float m) {
-  return score == -INFINITY ? 0.f : softmax_exp(score - m);
+  const float w = softmax_exp(score - m);  // computed either way: a select, not a branch
+  return score == -INFINITY ? 0.f : w;
 }
 
 // 1 / l, or 0 for a query that saw no key (its accumulator is 0 too).

@@ -33,7 +33,7 @@ typedef float v8 __attribute__((vector_size(32)));
 constexpr int64_t kNR = 16;          // columns of a register tile (two v8)
 constexpr int64_t kMR = 6;           // rows of a register tile
 constexpr int64_t kKeyBlock = 128;   // keys per block
-constexpr int64_t kMaxRows = 256;    // query rows per task
+constexpr int64_t kMaxRows = 512;    // query rows per task
 constexpr int64_t kSmallRows = 24;   // up to this many rows, Q K^T without transposing K
 
 inline v8 load8(const float* p) {
@@ -229,14 +229,9 @@ void run_task(const AttentionArgs& a, int64_t b, int64_t kvh, int64_t i0, int64_
       core::SoftmaxState& st = w.state[r];
       const float alpha = core::softmax_rescale(st, block_max);
       const float m = st.m;
+      for (int64_t c = 0; c < kbp; ++c) sr[c] = core::softmax_weight(sr[c], m);
       v8 vsum{};
-      for (int64_t c = 0; c < kbp; c += 8) {
-        const v8 x = load8(sr + c);
-        v8 p;
-        for (int j = 0; j < 8; ++j) p[j] = core::softmax_weight(x[j], m);
-        store8(sr + c, p);
-        vsum += p;
-      }
+      for (int64_t c = 0; c < kbp; c += 8) vsum += load8(sr + c);
       st.l += hsum(vsum);
       if (alpha != 1.f) {
         float* acc = w.acc.data() + r * Dp;
