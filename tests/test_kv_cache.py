@@ -153,7 +153,7 @@ def test_commit_equals_cache_of_accepted_tokens(device):
 
 def test_rollback_and_capacity():
     model = tiny_llama()
-    cache = SpecCache(model.config, 1, 8)
+    cache = SpecCache.for_model(model, 1, 8)
     with torch.no_grad():
         prefill(model, cache, torch.tensor([[1, 2, 3, 4, 5]]))
         cache.rollback(torch.tensor([2]))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers import PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec import ops
@@ -131,6 +131,11 @@ class SpecCache(Cache):
         ]
         super().__init__(layers=layers)
         self.max_length = max_length
+
+    @classmethod
+    def for_model(cls, model: PreTrainedModel, batch_size: int, max_length: int) -> SpecCache:
+        """A cache for ``model``, in its dtype and on its device."""
+        return cls(model.config, batch_size, max_length, model.dtype, model.device)
 
     @property
     def key_caches(self) -> list[Tensor]:

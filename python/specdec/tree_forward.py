@@ -86,6 +86,7 @@ def _cache_kwarg(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+@torch.no_grad()
 def tree_forward(
     model: PreTrainedModel,
     cache: SpecCache,
@@ -154,6 +155,7 @@ def tree_forward(
     return out.logits
 
 
+@torch.no_grad()
 def prefill(
     model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor | None = None
 ) -> Tensor:
