@@ -16,6 +16,11 @@ from specdec.ops import TypicalAcceptance
 
 __all__ = ["BuildInfo", "TypicalAcceptance", "build_info", "ops"]
 
+# ---- n-gram pool (lookahead decoding) ----
+from specdec.ngram_pool import NGramPool  # noqa: E402
+
+__all__ += ["NGramPool"]
+
 
 @dataclass(frozen=True)
 class BuildInfo:
