@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 
-MODULES = ["specdec", "specdec.ops"]
+MODULES = ["specdec", "specdec.ops", "specdec.ngram_pool"]
 
 
 @pytest.mark.parametrize("name", MODULES)
