@@ -35,6 +35,7 @@ def test_cache_dir_and_model_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "c"))
     assert models.cache_dir() == tmp_path / "c"
     assert models.model_dir("smollm2-135m") == tmp_path / "c" / "models" / "smollm2-135m"
+    assert models.cache_dir({"SPECDEC_CACHE": "~/x"}) == Path.home() / "x"
     monkeypatch.delenv("SPECDEC_CACHE")
     assert models.cache_dir() == Path.home() / ".cache" / "specdec"
     with pytest.raises(ValueError, match="unknown model name"):

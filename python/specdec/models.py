@@ -37,7 +37,7 @@ import subprocess
 import sys
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,19 +120,18 @@ class ModelStatus:
     path: Path
 
 
-def cache_dir() -> Path:
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The cache root: ``$SPECDEC_CACHE``, else ``~/.cache/specdec``.
 
+    ``environ`` defaults to ``os.environ``.
+
     Example:
-        >>> import os
-        >>> os.environ["SPECDEC_CACHE"] = "/tmp/specdec-doctest"
-        >>> cache_dir()
-        PosixPath('/tmp/specdec-doctest')
-        >>> del os.environ["SPECDEC_CACHE"]
-        >>> cache_dir() == Path.home() / ".cache" / "specdec"
+        >>> cache_dir({"SPECDEC_CACHE": "/tmp/specdec-cache"})
+        PosixPath('/tmp/specdec-cache')
+        >>> cache_dir({}) == Path.home() / ".cache" / "specdec"
         True
     """
-    env = os.environ.get("SPECDEC_CACHE")
+    env = (os.environ if environ is None else environ).get("SPECDEC_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specdec"
 
 
@@ -149,10 +148,9 @@ def available(root: Path | None = None) -> list[ModelStatus]:
         >>> [(s.name, s.cached) for s in available(Path("/nonexistent"))][0]
         ('smollm2-135m', False)
     """
+    dirs = {name: model_dir(name, root) for name in REGISTRY}
     return [
-        ModelStatus(
-            m.name, m.description, _manifest_ok(m, model_dir(m.name, root)), model_dir(m.name, root)
-        )
+        ModelStatus(m.name, m.description, _manifest_ok(m, dirs[m.name]), dirs[m.name])
         for m in REGISTRY.values()
     ]
 
