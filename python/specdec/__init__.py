@@ -44,3 +44,22 @@ def build_info() -> BuildInfo:
         pkg_version = "0+unknown"
     archs = tuple(a for a in _C.cuda_archs.split(",") if a)
     return BuildInfo(pkg_version, _C.torch_version, bool(_C.with_cuda), archs)
+
+# --- model loading and cheap CPU verification passes -------------------------------------------
+from specdec import models  # noqa: E402
+from specdec.accelerate import (  # noqa: E402
+    PackedLinear,
+    VerificationConfig,
+    accelerate_verification,
+    memory_overhead,
+    profile_passes,
+)
+
+__all__ += [
+    "PackedLinear",
+    "VerificationConfig",
+    "accelerate_verification",
+    "memory_overhead",
+    "models",
+    "profile_passes",
+]
