@@ -7,8 +7,6 @@
 #include <c10/util/Exception.h>
 
 #include <sstream>
-#include <tuple>
-#include <utility>
 #include <string>
 
 namespace specdec {
@@ -237,6 +235,116 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
 
 at::Tensor node_entropy(const at::Tensor& target_probs) {
   return at::special_entr(target_probs.to(at::kFloat)).sum(-1).contiguous();
+}
+
+}  // namespace specdec
+
+// ---- n-gram ops (prompt lookup, lookahead n-gram pool) ----------------------------------------
+namespace specdec {
+
+void check_ids_or_padding(const at::Tensor& ids, int64_t vocab, const char* op, const char* name) {
+  const at::Tensor flat = ids.contiguous();
+  AT_DISPATCH_INDEX_TYPES(flat.scalar_type(), "check_ids_or_padding", [&] {
+    const index_t* data = flat.const_data_ptr<index_t>();
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      TORCH_CHECK_VALUE(data[i] >= -1 && data[i] < vocab, "specdec.", op, ": ", name,
+                        " holds the token id ", static_cast<int64_t>(data[i]),
+                        ", outside the vocabulary [0, ", vocab, ") and not -1 (padding)");
+    }
+  });
+}
+
+NGramMatchDims check_ngram_match(const at::Tensor& context, const at::Tensor& context_len,
+                                 int64_t min_n, int64_t max_n, const at::Tensor& draft,
+                                 const at::Tensor& draft_len) {
+  const char* op = "ngram_match";
+  check_index(context, op, "context", 2);
+  const int64_t B = context.size(0), S = context.size(1);
+  check_index(context_len, op, "context_len", 1);
+  check_shape(context_len, op, "context_len", {B});
+  check_same_dtype(context_len, context, op, "context_len", "context");
+  check_device(context_len, context, op, "context_len");
+  TORCH_CHECK_VALUE(min_n >= 1, "specdec.", op, ": min_n must be >= 1, got ", min_n);
+  TORCH_CHECK_VALUE(max_n >= min_n, "specdec.", op, ": max_n (", max_n,
+                    ") must be >= min_n (", min_n, ")");
+  check_out(draft, context, op, "draft", {B, -1}, context.scalar_type());
+  check_out(draft_len, context, op, "draft_len", {B}, context.scalar_type());
+  if (context_len.is_cpu()) {
+    const at::Tensor lens = context_len.contiguous();
+    AT_DISPATCH_INDEX_TYPES(lens.scalar_type(), "check_ngram_match", [&] {
+      const index_t* len = lens.const_data_ptr<index_t>();
+      for (int64_t b = 0; b < B; ++b)
+        TORCH_CHECK_VALUE(len[b] >= 0 && len[b] <= S, "specdec.", op, ": context_len[", b,
+                          "] = ", static_cast<int64_t>(len[b]), " is outside [0, ", S,
+                          "] (S = context.size(1))");
+    });
+  }
+  return {B, S, draft.size(1)};
+}
+
+namespace {
+
+// head [B, V] and entries [B, C, N + 1] of a pool; both are updated in place by inserts.
+PoolDims check_pool_tables(const char* op, const at::Tensor& head, const at::Tensor& entries) {
+  check_index(head, op, "head", 2);
+  const int64_t B = head.size(0), V = head.size(1);
+  TORCH_CHECK_VALUE(V >= 1, "specdec.", op, ": head must have one entry per token (V >= 1)");
+  check_index(entries, op, "entries", 3);
+  check_shape(entries, op, "entries", {B, -1, -1});
+  check_same_dtype(entries, head, op, "entries", "head");
+  check_device(entries, head, op, "entries");
+  const int64_t C = entries.size(1), N = entries.size(2) - 1;
+  TORCH_CHECK_VALUE(C >= 1 && N >= 2, "specdec.", op,
+                    ": entries must have shape [B, C, N + 1] with C >= 1 slots and n-grams of "
+                    "N >= 2 tokens, got ", entries.sizes());
+  TORCH_CHECK_VALUE(head.is_contiguous() && entries.is_contiguous(), "specdec.", op,
+                    ": head and entries must be contiguous");
+  return {B, V, C, N, 0};
+}
+
+}  // namespace
+
+PoolDims check_ngram_pool_insert(const at::Tensor& head, const at::Tensor& entries,
+                                 const at::Tensor& cursor, const at::Tensor& ngrams, int64_t g) {
+  const char* op = "ngram_pool_insert";
+  PoolDims d = check_pool_tables(op, head, entries);
+  check_index(cursor, op, "cursor", 1);
+  check_shape(cursor, op, "cursor", {d.B});
+  check_same_dtype(cursor, head, op, "cursor", "head");
+  check_device(cursor, head, op, "cursor");
+  TORCH_CHECK_VALUE(cursor.is_contiguous(), "specdec.", op, ": cursor must be contiguous");
+  check_index(ngrams, op, "ngrams", 3);
+  check_shape(ngrams, op, "ngrams", {d.B, -1, d.N});
+  check_same_dtype(ngrams, head, op, "ngrams", "head");
+  check_device(ngrams, head, op, "ngrams");
+  TORCH_CHECK_VALUE(g >= 1, "specdec.", op, ": g must be >= 1, got ", g);
+  if (head.is_cpu()) {
+    check_ids_or_padding(ngrams, d.V, op, "ngrams");
+    AT_DISPATCH_INDEX_TYPES(cursor.scalar_type(), "check_ngram_pool_insert", [&] {
+      const index_t* c = cursor.const_data_ptr<index_t>();
+      for (int64_t b = 0; b < d.B; ++b)
+        TORCH_CHECK_VALUE(c[b] >= 0 && c[b] < d.C, "specdec.", op, ": cursor[", b, "] = ",
+                          static_cast<int64_t>(c[b]), " is outside [0, ", d.C, ")");
+    });
+  }
+  d.G = g;
+  return d;
+}
+
+PoolDims check_ngram_pool_lookup(const at::Tensor& head, const at::Tensor& entries,
+                                 const at::Tensor& last_ids, const at::Tensor& candidates,
+                                 const at::Tensor& count) {
+  const char* op = "ngram_pool_lookup";
+  PoolDims d = check_pool_tables(op, head, entries);
+  check_index(last_ids, op, "last_ids", 1);
+  check_shape(last_ids, op, "last_ids", {d.B});
+  check_same_dtype(last_ids, head, op, "last_ids", "head");
+  check_device(last_ids, head, op, "last_ids");
+  check_out(candidates, head, op, "candidates", {d.B, -1, d.N - 1}, head.scalar_type());
+  check_out(count, head, op, "count", {d.B}, head.scalar_type());
+  if (last_ids.is_cpu()) check_ids_or_padding(last_ids, d.V, op, "last_ids");
+  d.G = candidates.size(1);
+  return d;
 }
 
 }  // namespace specdec

@@ -78,3 +78,24 @@ CommitDims check_kv_commit(at::TensorList k_caches, at::TensorList v_caches,
                            const at::Tensor& accept_len);
 
 }  // namespace specdec
+
+// ---- n-gram ops (prompt lookup, lookahead n-gram pool) ----------------------------------------
+namespace specdec {
+
+// Values (CPU tensors only): every id is -1 (padding) or inside [0, vocab).
+void check_ids_or_padding(const at::Tensor& ids, int64_t vocab, const char* op, const char* name);
+
+struct NGramMatchDims { int64_t B, S, K; };
+NGramMatchDims check_ngram_match(const at::Tensor& context, const at::Tensor& context_len,
+                                 int64_t min_n, int64_t max_n, const at::Tensor& draft,
+                                 const at::Tensor& draft_len);
+
+// The pool of every row: head [B, V], entries [B, C, N + 1] (see core/ngram.h); G: lookup width.
+struct PoolDims { int64_t B, V, C, N, G; };
+PoolDims check_ngram_pool_insert(const at::Tensor& head, const at::Tensor& entries,
+                                 const at::Tensor& cursor, const at::Tensor& ngrams, int64_t g);
+PoolDims check_ngram_pool_lookup(const at::Tensor& head, const at::Tensor& entries,
+                                 const at::Tensor& last_ids, const at::Tensor& candidates,
+                                 const at::Tensor& count);
+
+}  // namespace specdec

@@ -25,6 +25,20 @@ TORCH_LIBRARY(specdec, m) {
       "Tensor(c!) next_token) -> ()");
 }
 
+// ---- n-gram ops: prompt lookup and the lookahead n-gram pool (contracts in docs/ops.md) ----
+TORCH_LIBRARY_FRAGMENT(specdec, m) {
+  m.def(
+      "ngram_match(Tensor context, Tensor context_len, int min_n, int max_n, *, "
+      "Tensor(a!) draft, Tensor(b!) draft_len) -> ()");
+  // The pool's state (head, entries, cursor) is updated in place.
+  m.def(
+      "ngram_pool_insert(Tensor(a!) head, Tensor(b!) entries, Tensor(c!) cursor, Tensor ngrams, "
+      "int g) -> ()");
+  m.def(
+      "ngram_pool_lookup(Tensor head, Tensor entries, Tensor last_ids, *, "
+      "Tensor(a!) candidates, Tensor(b!) count) -> ()");
+}
+
 // --- tree attention and KV commit ---------------------------------------------------------------
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def(

@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 
-MODULES = ["specdec", "specdec.ops", "specdec.cache", "specdec.tree_forward"]
+MODULES = ["specdec", "specdec.ops", "specdec.ngram_pool", "specdec.cache", "specdec.tree_forward"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -16,6 +16,11 @@ from specdec.ops import TypicalAcceptance
 
 __all__ = ["BuildInfo", "TypicalAcceptance", "build_info", "ops"]
 
+# ---- n-gram pool (lookahead decoding) ----
+from specdec.ngram_pool import NGramPool  # noqa: E402
+
+__all__ += ["NGramPool"]
+
 
 @dataclass(frozen=True)
 class BuildInfo:
@@ -39,3 +44,22 @@ def build_info() -> BuildInfo:
         pkg_version = "0+unknown"
     archs = tuple(a for a in _C.cuda_archs.split(",") if a)
     return BuildInfo(pkg_version, _C.torch_version, bool(_C.with_cuda), archs)
+
+# --- model loading and cheap CPU verification passes -------------------------------------------
+from specdec import models  # noqa: E402
+from specdec.accelerate import (  # noqa: E402
+    PackedLinear,
+    VerificationConfig,
+    accelerate_verification,
+    memory_overhead,
+    profile_passes,
+)
+
+__all__ += [
+    "PackedLinear",
+    "VerificationConfig",
+    "accelerate_verification",
+    "memory_overhead",
+    "models",
+    "profile_passes",
+]

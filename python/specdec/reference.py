@@ -238,6 +238,84 @@ def _as_index(values, like: Tensor) -> Tensor:
     return torch.tensor(values, dtype=like.dtype)
 
 
+# ---- n-gram ops: prompt lookup and the lookahead n-gram pool ----------------------------------
+
+
+def ngram_match(
+    context: Tensor,
+    context_len: Tensor | None = None,
+    min_n: int = 1,
+    max_n: int = 3,
+    k: int = 10,
+) -> tuple[Tensor, Tensor]:
+    """Brute force: for n from max_n down to min_n, the latest start p < L - n with
+    context[p:p+n] == context[L-n:L]; the draft is context[p+n : min(p+n+k, L)]."""
+    B, S = context.shape
+    lens = [S] * B if context_len is None else [int(x) for x in context_len]
+    drafts, draft_lens = [], []
+    for b in range(B):
+        L = lens[b]
+        ctx = [int(t) for t in context[b, :L]]
+        draft: list[int] = []
+        for n in range(min(max_n, L - 1), min_n - 1, -1):
+            suffix = ctx[L - n :]
+            p = next((p for p in range(L - n - 1, -1, -1) if ctx[p : p + n] == suffix), None)
+            if p is not None:
+                draft = ctx[p + n : p + n + k]
+                break
+        drafts.append(draft + [-1] * (k - len(draft)))
+        draft_lens.append(len(draft))
+    return _as_index(drafts, context).reshape(B, k), _as_index(draft_lens, context)
+
+
+def ngram_pool_insert(head: Tensor, entries: Tensor, cursor: Tensor, ngrams: Tensor, g: int) -> None:
+    """In place, as a function of what each row has written: every n-gram without -1 is one
+    write, the row's t-th write since its reset goes to slot t % C, and per key the row keeps
+    its g most recently written distinct continuations among its last C writes. Free slots
+    have key -1; their other columns are left as they are."""
+    C, N = entries.shape[1], entries.shape[2] - 1
+    for b in range(head.shape[0]):
+        cur = int(cursor[b])
+        writes = [gram for gram in ngrams[b].tolist() if -1 not in gram]
+        # (age in writes, slot, n-gram) of what the row held and of the new writes.
+        events = [(len(writes) - 1 - t, (cur + t) % C, gram) for t, gram in enumerate(writes)]
+        for s in torch.nonzero(entries[b, :, 0] >= 0).flatten().tolist():
+            events.append(((cur - 1 - s) % C + len(writes), s, entries[b, s, :N].tolist()))
+        lists: dict[int, list[tuple[int, list[int]]]] = {}
+        for age, s, gram in sorted(events):
+            if age >= C:
+                break
+            kept = lists.setdefault(gram[0], [])
+            if len(kept) < g and all(gram[1:] != other[1:] for _, other in kept):
+                kept.append((s, gram))
+        head[b] = -1
+        entries[b, :, 0] = -1
+        for key, kept in lists.items():
+            head[b, key] = kept[0][0]
+            for i, (s, gram) in enumerate(kept):
+                nxt = kept[i + 1][0] if i + 1 < len(kept) else -1
+                entries[b, s] = torch.tensor(gram + [nxt], dtype=entries.dtype)
+        cursor[b] = (cur + len(writes)) % C
+
+
+def ngram_pool_lookup(
+    head: Tensor, entries: Tensor, last_ids: Tensor, g: int
+) -> tuple[Tensor, Tensor]:
+    """The continuations of last_ids[b] in row b, most recent first (the key's list from head)."""
+    B, N = head.shape[0], entries.shape[2] - 1
+    candidates = torch.full((B, g, N - 1), -1, dtype=head.dtype)
+    count = []
+    for b in range(B):
+        key, found = int(last_ids[b]), 0
+        s = int(head[b, key]) if key >= 0 else -1
+        while s >= 0 and found < g:
+            candidates[b, found] = entries[b, s, 1:N]
+            found += 1
+            s = int(entries[b, s, N])
+        count.append(found)
+    return candidates, _as_index(count, head)
+
+
 # --- tree attention and KV commit -----------------------------------------------------------------
 def tree_attention(
     q: Tensor,

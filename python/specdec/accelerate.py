@@ -1,0 +1,247 @@
+"""Cheap verification passes on CPU: linear layers on oneDNN-prepacked weights.
+
+Speculative decoding pays only when a target pass over k proposed tokens costs little more than
+a pass over one. On CPU in float32 it does not, out of the box: for k >= 2 ``F.linear`` runs a
+GEMM that re-packs the whole weight matrix on every call, so a pass over 2 tokens can cost 2-3
+one-token passes. :func:`accelerate_verification` packs every ``nn.Linear`` weight ONCE into
+oneDNN's blocked layout (through torch's own ``torch.ops.mkldnn`` ops) and swaps the module for
+a :class:`PackedLinear` that multiplies with it. The packed layout serves every k, and on the
+machines measured it was not slower than the plain path even for k = 1, so the packed copy
+REPLACES the weight: no extra memory, except for a weight that another module also uses (an
+output head tied to the input embeddings), which keeps its plain tensor for the embedding and
+gets a packed copy (see :func:`memory_overhead`). docs/verification.md has the measurements.
+
+:func:`profile_passes` measures what a pass over k tokens costs on the machine it runs on, for
+decoders that choose how many tokens to verify.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "PackedLinear",
+    "VerificationConfig",
+    "accelerate_verification",
+    "memory_overhead",
+    "profile_passes",
+]
+
+
+@dataclass(frozen=True)
+class VerificationConfig:
+    """How :func:`accelerate_verification` packs weights.
+
+    ``batch_hint`` is the number of rows oneDNN chooses the blocked layout for; any layout serves
+    every number of rows correctly, the hint only tunes speed (16 measured best over k = 2..64).
+    ``dtypes`` are the weight dtypes that are packed (bfloat16 only where oneDNN supports it on
+    this CPU); both gained at every k measured, bfloat16 a little less than float32.
+    ``pack_shared`` packs weights that another module also uses (a tied output head), at the cost
+    of a packed copy beside the plain tensor.
+    ``keep_plain_for_one_row`` keeps the plain weight too and sends one-row inputs (one token,
+    batch 1) through ``F.linear``'s matrix-vector path. Packed was as fast or faster for one row
+    on a quiet machine, so this is off; it doubles the linear weights' memory.
+    """
+
+    batch_hint: int = 16
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
+    pack_shared: bool = True
+    keep_plain_for_one_row: bool = False
+
+
+class PackedLinear(nn.Module):
+    """Drop-in replacement for an ``nn.Linear`` (inference only) using a oneDNN-prepacked weight.
+
+    The packed weight is an opaque MKLDNN tensor, kept as a plain attribute: it is not in
+    ``state_dict()``, and the module stays on CPU in its dtype (``.to()`` does not move it).
+    ``bias`` stays the original parameter; ``weight`` is the original parameter when kept for
+    one-row inputs (``keep_plain``), else None. ``extra_bytes`` is the memory it adds: the packed
+    copy when the plain weight stays in memory (kept, or used by another module), else only what
+    the layout pads.
+
+    Example:
+        >>> lin = nn.Linear(8, 4)
+        >>> packed = PackedLinear(lin, batch_hint=16)
+        >>> x = torch.randn(2, 3, 8)
+        >>> torch.allclose(packed(x), lin(x), rtol=1e-5, atol=1e-6)
+        True
+    """
+
+    def __init__(
+        self, linear: nn.Linear, batch_hint: int, shared: bool = False, keep_plain: bool = False
+    ) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        with torch.no_grad():
+            self.packed: Tensor = torch.ops.mkldnn._reorder_linear_weight(
+                linear.weight.detach(), batch_hint
+            )
+        self.weight = linear.weight if keep_plain else None
+        self.bias = linear.bias
+        packed_bytes = torch.ops.mkldnn._nbytes(self.packed)
+        self.extra_bytes = (
+            packed_bytes if shared or keep_plain else packed_bytes - linear.weight.nbytes
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.weight is not None and x.numel() == self.in_features:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, self.in_features), self.packed, self.bias, "none", [], ""
+        )
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
+
+
+def accelerate_verification(
+    model: nn.Module, config: VerificationConfig | None = None
+) -> nn.Module:
+    """Prepare a CPU model so passes over many tokens run its linear layers on packed weights.
+
+    Replaces, in place, every ``nn.Linear`` (exactly that class; subclasses such as quantized
+    linears are left alone) whose weight dtype is in ``config.dtypes`` by a :class:`PackedLinear`,
+    one layer at a time so peak memory grows by one layer only. Returns ``model``. Outputs equal
+    the unprepared model's up to float rounding (the GEMM blocks differently). A model with any
+    parameter or buffer off the CPU (CUDA, meta), a model already prepared, and a torch without
+    oneDNN are returned unchanged. Inference only: packed weights get no gradients. Parameters
+    that view memory torch did not allocate (a memory-mapped checkpoint) are copied into memory of
+    their own, so that the mapping is released.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        >>> x = torch.randn(3, 8)
+        >>> before = model(x)
+        >>> model = accelerate_verification(model)
+        >>> type(model[0]).__name__
+        'PackedLinear'
+        >>> torch.allclose(model(x), before, rtol=1e-5, atol=1e-6)
+        True
+    """
+    config = config or VerificationConfig()
+    if not torch.backends.mkldnn.is_available():
+        return model
+    dtypes = set(config.dtypes)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        dtypes.discard(torch.bfloat16)
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(t.device.type != "cpu" for t in tensors) or any(
+        isinstance(m, PackedLinear) for m in model.modules()
+    ):
+        return model
+    uses: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    targets = [
+        name
+        for name, m in model.named_modules(remove_duplicate=False)
+        if type(m) is nn.Linear
+        and m.weight.dtype in dtypes
+        and (config.pack_shared or uses[id(m.weight)] == 1)
+    ]
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        linear = getattr(parent, child)
+        if isinstance(linear, PackedLinear):  # the same module reached under a second name
+            continue
+        shared = uses[id(linear.weight)] > 1
+        setattr(
+            parent,
+            child,
+            PackedLinear(linear, config.batch_hint, shared, config.keep_plain_for_one_row),
+        )
+    if targets:
+        _own_memory(model)
+    return model
+
+
+def _own_memory(model: nn.Module) -> None:
+    # transformers memory-maps safetensors checkpoints, and a mapping stays alive while any one
+    # tensor views it: after the linear weights were replaced, the embeddings and norms would keep
+    # the whole file mapped, and the packed copies would double the resident memory (13 GB instead
+    # of 7 for Qwen2.5-Coder-1.5B in fp32). Tensors on memory that torch did not allocate (not
+    # resizable: a mapped file, a foreign buffer) are copied into memory of their own instead.
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if not t.untyped_storage().resizable():
+                t.data = t.data.clone()
+
+
+def memory_overhead(model: nn.Module) -> int:
+    """Bytes that :func:`accelerate_verification` added to ``model``.
+
+    0 when no plain weight stays in memory beside its packed copy and the layers' sizes are
+    multiples of oneDNN's blocks (on AVX2: 64 outputs, 16 inputs; real models' are), else what
+    the copies and the padding of the blocks take.
+
+    Example:
+        >>> emb = nn.Embedding(64, 64)
+        >>> model = nn.ModuleDict({"emb": emb, "head": nn.Linear(64, 64, bias=False)})
+        >>> model["head"].weight = emb.weight  # a tied output head
+        >>> memory_overhead(accelerate_verification(model))  # its packed copy: 64 * 64 * 4 bytes
+        16384
+    """
+    return sum(m.extra_bytes for m in model.modules() if isinstance(m, PackedLinear))
+
+
+@torch.inference_mode()
+def profile_passes(
+    model: nn.Module,
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+    prefix_len: int = 100,
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict[int, float]:
+    """Milliseconds (median of ``repeats``) of one forward pass over k new tokens, for each k.
+
+    Each pass runs on a KV cache (``DynamicCache``) already holding ``prefix_len`` tokens, as a
+    verification step does, and returns logits for all k positions; the cache is cropped back to
+    the prefix after every pass. Token ids are random (seeded): the cost does not depend on them.
+    One unmeasured pass per k comes first, so lazily initialised paths are not counted.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+        >>> cost = profile_passes(LlamaForCausalLM(cfg), ks=(1, 4), prefix_len=8, repeats=2)
+        >>> sorted(cost) == [1, 4] and all(ms > 0 for ms in cost.values())
+        True
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    prefix = torch.randint(vocab, (1, prefix_len), generator=gen).to(device)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prefix, cache=cache, use_cache=True)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def one_pass(ids: Tensor) -> float:
+        sync()
+        start = time.perf_counter()
+        model(input_ids=ids, cache=cache, use_cache=True)
+        sync()
+        elapsed = time.perf_counter() - start
+        cache.crop(prefix_len - cache.get_seq_length())
+        return elapsed
+
+    result = {}
+    for k in ks:
+        ids = torch.randint(vocab, (1, k), generator=gen).to(device)
+        one_pass(ids)
+        result[k] = statistics.median(one_pass(ids) for _ in range(repeats)) * 1e3
+    return result

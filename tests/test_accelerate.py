@@ -1,0 +1,198 @@
+"""accelerate_verification and profile_passes: same logits as the plain model, via a KV cache."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: nothing here may reach a hub
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+import specdec
+from specdec import PackedLinear, VerificationConfig, accelerate_verification, memory_overhead
+
+OFF_CPU = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+KS = (1, 3, 16)
+
+
+def _tiny(arch: str, tie: bool = False, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    # sizes are multiples of 64, as in real models: oneDNN pads others (memory_overhead counts it)
+    common = dict(
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie,
+    )
+    model = (
+        LlamaForCausalLM(LlamaConfig(**common))
+        if arch == "llama"
+        else Qwen2ForCausalLM(Qwen2Config(**common))
+    )
+    return model.to(dtype).eval()
+
+
+def _passes(model: nn.Module, ks=KS, prefix_len: int = 7) -> list[torch.Tensor]:
+    """Logits of a prefill, then of passes over k tokens each, all on one growing KV cache."""
+    gen = torch.Generator().manual_seed(1)
+    cache = DynamicCache(config=model.config)
+    out = []
+    with torch.inference_mode():
+        for n in (prefix_len, *ks):
+            ids = torch.randint(model.config.vocab_size, (2, n), generator=gen)
+            out.append(model(input_ids=ids, cache=cache, use_cache=True).logits)
+    return out
+
+
+def _assert_same_logits(
+    got: list[torch.Tensor], expected: list[torch.Tensor], rtol: float = 1e-5
+) -> None:
+    for g, e in zip(got, expected, strict=True):
+        # relative to the logits' scale: elementwise rtol alone would fail on logits near zero
+        torch.testing.assert_close(g, e, rtol=rtol, atol=rtol * e.abs().max().item())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("keep_plain", [False, True])
+def test_same_logits_through_kv_cache(arch, keep_plain):
+    plain = _tiny(arch)
+    expected = _passes(plain)
+    model = accelerate_verification(
+        copy.deepcopy(plain), VerificationConfig(keep_plain_for_one_row=keep_plain)
+    )
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert not linears and len(packed) == 2 * 7 + 1  # q k v o gate up down per layer, lm_head
+    if arch == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    _assert_same_logits(_passes(model), expected)
+    _assert_same_logits(
+        _passes(model, ks=(1,)), _passes(plain, ks=(1,))
+    )  # batch of one row, one token
+
+
+def test_untied_weights_are_replaced_not_duplicated():
+    model = accelerate_verification(_tiny("llama"))
+    assert memory_overhead(model) == 0
+    assert all(m.weight is None for m in model.modules() if isinstance(m, PackedLinear))
+    kept = accelerate_verification(_tiny("llama"), VerificationConfig(keep_plain_for_one_row=True))
+    linear_bytes = sum(m.weight.nbytes for m in kept.modules() if isinstance(m, PackedLinear))
+    assert memory_overhead(kept) == linear_bytes
+
+
+def test_tied_head_gets_a_packed_copy_or_is_left_alone():
+    plain = _tiny("llama", tie=True)
+    expected = _passes(plain)
+    model = accelerate_verification(copy.deepcopy(plain))
+    assert isinstance(model.lm_head, PackedLinear)
+    assert memory_overhead(model) == model.model.embed_tokens.weight.nbytes
+    _assert_same_logits(_passes(model), expected)
+
+    unshared = accelerate_verification(copy.deepcopy(plain), VerificationConfig(pack_shared=False))
+    assert type(unshared.lm_head) is nn.Linear and memory_overhead(unshared) == 0
+    assert unshared.lm_head.weight is unshared.model.embed_tokens.weight
+    _assert_same_logits(_passes(unshared), expected)
+
+
+def test_greedy_generate_unchanged():
+    plain = _tiny("qwen2")
+    ids = torch.randint(128, (1, 5), generator=torch.Generator().manual_seed(2))
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    expected = plain.generate(ids, **kwargs)
+    assert torch.equal(
+        accelerate_verification(copy.deepcopy(plain)).generate(ids, **kwargs), expected
+    )
+
+
+def test_memory_mapped_weights_are_released(tmp_path):
+    _tiny("qwen2").save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)  # safetensors are memory-mapped
+    assert not model.model.embed_tokens.weight.untyped_storage().resizable()
+    expected = _passes(model)
+    accelerate_verification(model)
+    assert all(t.untyped_storage().resizable() for t in [*model.parameters(), *model.buffers()])
+    _assert_same_logits(_passes(model), expected)
+
+
+def test_second_call_is_a_no_op():
+    model = accelerate_verification(_tiny("llama"))
+    modules = dict(model.named_modules())
+    assert accelerate_verification(model, VerificationConfig(batch_hint=4)) is model
+    assert all(modules[name] is m for name, m in model.named_modules())
+
+
+@pytest.mark.parametrize("device", OFF_CPU)
+def test_models_off_cpu_are_left_alone(device):
+    with torch.device(device):
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=96,
+                hidden_size=64,
+                intermediate_size=160,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+            )
+        )
+    before = dict(model.named_modules())
+    assert accelerate_verification(model) is model
+    assert dict(model.named_modules()) == before and not any(
+        isinstance(m, PackedLinear) for m in model.modules()
+    )
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bf16")
+def test_bfloat16_packed_unless_excluded():
+    plain = _tiny("llama", dtype=torch.bfloat16)
+    model = accelerate_verification(copy.deepcopy(plain))
+    assert isinstance(model.lm_head, PackedLinear)
+    # both round to bf16 (8 bits of mantissa) after accumulating in a different order
+    _assert_same_logits(_passes(model), _passes(plain), rtol=3e-2)
+    fp32_only = accelerate_verification(plain, VerificationConfig(dtypes=(torch.float32,)))
+    assert not any(isinstance(m, PackedLinear) for m in fp32_only.modules())
+
+
+def test_packed_linear_matches_linear_for_any_rows_and_hint():
+    torch.manual_seed(3)
+    lin = nn.Linear(96, 80)
+    for hint in (1, 16, 64):
+        packed = PackedLinear(lin, batch_hint=hint)
+        for shape in [(96,), (1, 96), (3, 96), (2, 5, 96), (70, 96)]:
+            x = torch.randn(shape)
+            with torch.no_grad():
+                torch.testing.assert_close(packed(x), lin(x), rtol=1e-5, atol=1e-5)
+
+
+def test_profile_passes_positive_for_each_k():
+    model = accelerate_verification(_tiny("qwen2"))
+    ks = (1, 2, 4, 8, 16, 32)
+    cost = specdec.profile_passes(model, ks=ks, prefix_len=20, repeats=2)
+    assert list(cost) == list(ks) and all(ms > 0 for ms in cost.values())
+
+
+@pytest.mark.real_model
+def test_real_smollm2_same_logits_and_greedy():
+    plain, tokenizer = specdec.models.load("smollm2-135m")
+    model = accelerate_verification(copy.deepcopy(plain))
+    assert memory_overhead(model) == plain.lm_head.weight.nbytes  # the tied head's packed copy
+    # 30 layers of fp32 rounding: the plain model itself gives one row's logits 1.8e-5 (relative)
+    # apart when computed alone or in a batch of two; packed vs plain measured up to 4.3e-5
+    _assert_same_logits(_passes(model, prefix_len=24), _passes(plain, prefix_len=24), rtol=1e-4)
+    ids = tokenizer("def quicksort(arr):\n", return_tensors="pt").input_ids
+    kwargs = dict(max_new_tokens=10, do_sample=False)
+    assert torch.equal(model.generate(ids, **kwargs), plain.generate(ids, **kwargs))
