@@ -63,3 +63,21 @@ __all__ += [
     "models",
     "profile_passes",
 ]
+
+# --- decoders (they need transformers: imported on first use) ------------------------------------
+_DECODERS = {
+    "generate": "specdec.decoders",
+    "DraftModel": "specdec.decoders",
+    "PromptLookup": "specdec.decoders",
+    "GenerateOutput": "specdec.decoders",
+    "SpecCache": "specdec.cache",
+}
+__all__ += list(_DECODERS)
+
+
+def __getattr__(name: str):
+    if name in _DECODERS:
+        import importlib
+
+        return getattr(importlib.import_module(_DECODERS[name]), name)
+    raise AttributeError(f"module 'specdec' has no attribute {name!r}")

@@ -24,7 +24,9 @@ Requires transformers >= 5 (its ``Cache`` layers and ``cache=`` forward argument
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +35,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from specdec import ops
 from specdec.cache import SpecCache
 
-__all__ = ["ATTN_IMPLEMENTATION", "enable_tree_attention", "prefill", "tree_forward"]
+__all__ = ["ATTN_IMPLEMENTATION", "enable_tree_attention", "prefill", "tree_attention_enabled", "tree_forward"]
 
 ATTN_IMPLEMENTATION = "specdec_tree"
 
@@ -80,6 +82,20 @@ def enable_tree_attention(model: PreTrainedModel) -> None:
     mask travels in the forward's keyword arguments."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, _tree_attention_interface)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
+@contextlib.contextmanager
+def tree_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
+    """Selects ``"specdec_tree"`` attention for ``models`` inside the block and restores each
+    model's own implementation afterwards, so a decoder call leaves the models as it found them."""
+    previous = [m.config._attn_implementation for m in models]
+    for m in models:
+        enable_tree_attention(m)
+    try:
+        yield
+    finally:
+        for m, implementation in zip(models, previous):
+            m.set_attn_implementation(implementation)
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:

@@ -1,0 +1,186 @@
+"""``specdec bench``: our decoders next to plain generation and HF's assisted and prompt-lookup
+generation, on the same prompts, machine and run (greedy). Writes a markdown table, JSON and a
+PNG plot under ``--out``.
+
+Every method runs on the same (prepared, unless ``--no-accelerate``) target, so the plain
+baseline gets the same fast one-token pass as the decoders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+# Code generation: drafting helps, the output does not copy the prompt.
+GENERATION_PROMPTS = [
+    "Write a Python function quicksort(items) that returns a sorted copy of a list, with a docstring.",
+    "Write a Python class LRUCache with get(key) and put(key, value) methods and a fixed capacity.",
+    "Write a Python function that parses a CSV line with quoted fields and returns the list of fields.",
+    "Write a Python function is_prime(n) and use it to print the primes below 100.",
+]
+
+_EDIT_SOURCE = '''def summarize(records):
+    totals = {}
+    counts = {}
+    for record in records:
+        name = record["name"]
+        value = record["value"]
+        if name not in totals:
+            totals[name] = 0
+            counts[name] = 0
+        totals[name] = totals[name] + value
+        counts[name] = counts[name] + 1
+    result = []
+    for name in totals:
+        average = totals[name] / counts[name]
+        result.append({"name": name, "total": totals[name], "average": average})
+    return result
+'''
+
+# Code editing: the answer repeats most of the prompt, which prompt lookup can copy.
+EDITING_PROMPTS = [
+    "Rename the variable `records` to `rows` in this function and return the full function:\n\n" + _EDIT_SOURCE,
+    "Add type hints to this function and return the full function:\n\n" + _EDIT_SOURCE,
+    "Rewrite this function to use collections.defaultdict and return the full function:\n\n" + _EDIT_SOURCE,
+    "Add a docstring to this function and return the full function:\n\n" + _EDIT_SOURCE,
+]
+
+
+@dataclass
+class Run:
+    prompt_set: str
+    prompt: int
+    method: str
+    new_tokens: int
+    seconds: float
+    tokens_per_second: float
+    identical_to_plain: bool
+    target_passes: int | None = None
+    tokens_per_pass: float | None = None
+    acceptance_rate: float | None = None
+
+
+def _hf_run(model, ids, max_new, **kw):
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                             do_sample=False, temperature=None, top_k=None, top_p=None, **kw)
+    return out[0, ids.shape[1]:], time.perf_counter() - start
+
+
+def main(args: argparse.Namespace) -> None:
+    import specdec
+    from specdec import models
+    from specdec.cli import DTYPES, _encode
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    target, tok = models.load(args.model, dtype=dtype)
+    if not args.no_accelerate:
+        specdec.accelerate_verification(target)
+    costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16))
+    draft = models.load(args.draft, dtype=dtype)[0] if args.draft else None
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    sets = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS}
+    runs: list[Run] = []
+    for set_name, prompts in sets.items():
+        for i, text in enumerate(prompts[: args.prompts]):
+            ids = _encode(tok, text, chat=True)
+            plain, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad)
+            runs.append(Run(set_name, i, "plain", len(plain), secs, len(plain) / secs, True))
+            hf = {"hf_prompt_lookup": dict(prompt_lookup_num_tokens=10)}
+            ours = {"specdec_prompt_lookup": specdec.PromptLookup()}
+            if draft is not None:
+                hf["hf_assisted"] = dict(assistant_model=draft)
+                ours["specdec_draft"] = specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True)
+            for name, kw in hf.items():
+                out, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad, **kw)
+                runs.append(Run(set_name, i, name, len(out), secs, len(out) / secs,
+                                torch.equal(out, plain)))
+            for name, method in ours.items():
+                res = specdec.generate(target, ids, max_new_tokens=args.max_new_tokens, method=method,
+                                       pad_token_id=pad, pass_costs=costs)
+                st = res.stats
+                out = res.sequences[0, ids.shape[1]: ids.shape[1] + st.new_tokens]
+                runs.append(Run(set_name, i, name, st.new_tokens, st.wall_time_s, st.tokens_per_second,
+                                torch.equal(out, plain), st.target_forwards,
+                                st.new_tokens / st.target_forwards, st.acceptance_rate))
+            print(_table([r for r in runs if r.prompt_set == set_name and r.prompt == i]), flush=True)
+    _write(args, runs, costs)
+
+
+def _summary(runs: list[Run]) -> list[dict]:
+    rows = []
+    for set_name in dict.fromkeys(r.prompt_set for r in runs):
+        plain = [r for r in runs if r.prompt_set == set_name and r.method == "plain"]
+        base = sum(r.new_tokens for r in plain) / sum(r.seconds for r in plain)
+        for method in dict.fromkeys(r.method for r in runs):
+            rs = [r for r in runs if r.prompt_set == set_name and r.method == method]
+            rate = sum(r.new_tokens for r in rs) / sum(r.seconds for r in rs)
+            passes = [r.target_passes for r in rs if r.target_passes]
+            rows.append({
+                "set": set_name, "method": method, "tok/s": rate, "speed-up": rate / base,
+                "tokens/pass": sum(r.new_tokens for r in rs) / sum(passes) if passes else None,
+                "acceptance": (sum(r.acceptance_rate for r in rs) / len(rs)) if passes else None,
+                "identical": all(r.identical_to_plain for r in rs),
+            })
+    return rows
+
+
+def _table(runs: list[Run]) -> str:
+    lines = ["| set | method | tok/s | speed-up | tokens/pass | acceptance | identical |",
+             "|---|---|---|---|---|---|---|"]
+    for s in _summary(runs):
+        tpp = f"{s['tokens/pass']:.2f}" if s["tokens/pass"] else ""
+        acc = f"{s['acceptance']:.0%}" if s["acceptance"] is not None else ""
+        lines.append(f"| {s['set']} | {s['method']} | {s['tok/s']:.2f} | {s['speed-up']:.2f}x | {tpp} "
+                     f"| {acc} | {'yes' if s['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def _write(args: argparse.Namespace, runs: list[Run], costs: dict[int, float]) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_{Path(args.model).name}_{args.dtype}"
+    meta = {"model": args.model, "draft": args.draft, "dtype": args.dtype,
+            "accelerated": not args.no_accelerate, "max_new_tokens": args.max_new_tokens,
+            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+            "pass_costs_ms": costs}
+    (out / f"{stem}.json").write_text(json.dumps(
+        {"meta": meta, "runs": [asdict(r) for r in runs], "summary": _summary(runs)}, indent=1))
+    (out / f"{stem}.md").write_text(_table(runs) + "\n")
+    print(_table(runs))
+    _plot(_summary(runs), out / f"{stem}.png", stem)
+
+
+def _plot(summary: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    sets = list(dict.fromkeys(s["set"] for s in summary))
+    methods = list(dict.fromkeys(s["method"] for s in summary))
+    width = 0.8 / len(sets)
+    for j, set_name in enumerate(sets):
+        rows = {s["method"]: s for s in summary if s["set"] == set_name}
+        xs = [i + j * width for i in range(len(methods))]
+        axes[0].bar(xs, [rows[m]["speed-up"] for m in methods], width, label=set_name)
+        axes[1].bar(xs, [rows[m]["tokens/pass"] or 0 for m in methods], width, label=set_name)
+    for ax, label in zip(axes, ["speed-up vs plain", "tokens per target pass (ours)"]):
+        ax.set_xticks([i + width * (len(sets) - 1) / 2 for i in range(len(methods))], methods,
+                      rotation=20, fontsize=8)
+        ax.set_ylabel(label)
+        ax.legend()
+    axes[0].axhline(1.0, color="gray", lw=0.8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

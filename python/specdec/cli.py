@@ -1,0 +1,151 @@
+"""The ``specdec`` command: generate, bench, models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="target: a named demo model, HF id or local path")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--no-accelerate", action="store_true",
+                   help="do not prepack the target's linear layers for multi-token passes (CPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    if args.prompt_file:
+        return Path(args.prompt_file).read_text()
+    if args.prompt is None:
+        sys.exit("specdec generate: give --prompt TEXT or --prompt-file FILE")
+    return args.prompt
+
+
+def _encode(tokenizer, text: str, chat: bool) -> torch.Tensor:
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, return_tensors="pt")
+        return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    return tokenizer(text, return_tensors="pt").input_ids
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from transformers import TextStreamer
+
+    import specdec
+    from specdec import models
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    target, tokenizer = models.load(args.model, dtype=dtype)
+    if not args.no_accelerate:
+        specdec.accelerate_verification(target)
+    if args.draft:
+        draft, _ = models.load(args.draft, dtype=dtype)
+        method = specdec.DraftModel(draft, num_draft_tokens=args.num_draft_tokens, adaptive=True)
+    elif args.prompt_lookup:
+        method = specdec.PromptLookup(num_draft_tokens=args.num_draft_tokens)
+    else:
+        method = None
+    input_ids = _encode(tokenizer, _prompt_text(args), args.chat)
+    sample = dict(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    generator = torch.Generator().manual_seed(args.seed)
+
+    print(f"[specdec] target alone ({args.model}, {args.dtype}) ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                max_new_tokens=args.max_new_tokens, **_hf_sampling(sample),
+                                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    plain_s = time.perf_counter() - start
+    plain_new = plain.shape[1] - input_ids.shape[1]
+
+    print(f"[specdec] speculative ({_describe(args)}):", file=sys.stderr, flush=True)
+    streamer = TextStreamer(tokenizer, skip_prompt=True)
+    out = specdec.generate(target, input_ids, max_new_tokens=args.max_new_tokens, method=method,
+                           streamer=streamer, generator=generator, **sample)
+    st = out.stats
+    plain_rate = plain_new / plain_s
+    print()
+    print(f"target alone:     {plain_new} tokens in {plain_s:.2f} s = {plain_rate:.2f} tok/s")
+    print(f"speculative:      {st.new_tokens} tokens in {st.wall_time_s:.2f} s = {st.tokens_per_second:.2f} tok/s")
+    print(f"speed-up:         {st.tokens_per_second / plain_rate:.2f}x")
+    print(f"mean accepted length (tokens per target pass): {st.mean_accepted_length:.2f}")
+    print(f"acceptance rate:  {st.acceptance_rate:.2%} ({st.total_accepted}/{st.total_proposed} candidates)")
+    print(f"target passes:    {st.target_forwards}")
+    if not args.sample:
+        same = torch.equal(out.sequences[0, : plain.shape[1]], plain[0])
+        print(f"identical to the target alone: {'yes' if same else 'NO'}")
+
+
+def _hf_sampling(sample: dict) -> dict:
+    if not sample["do_sample"]:
+        return dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    return dict(sample)
+
+
+def _describe(args: argparse.Namespace) -> str:
+    if args.draft:
+        return f"draft model {args.draft}"
+    return "prompt lookup" if args.prompt_lookup else "no proposer"
+
+
+def cmd_models(args: argparse.Namespace) -> None:
+    from specdec import models
+
+    for name, cached in models.available().items():
+        print(f"{name:24s} {'cached' if cached else 'not downloaded'}")
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from specdec import bench
+
+    bench.main(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate with speculative decoding and compare with the target alone")
+    _add_model_args(g)
+    proposer = g.add_mutually_exclusive_group()
+    proposer.add_argument("--draft", help="draft model (same tokenizer as the target)")
+    proposer.add_argument("--prompt-lookup", action="store_true", help="prompt lookup decoding")
+    g.add_argument("--prompt")
+    g.add_argument("--prompt-file")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--num-draft-tokens", type=int, default=8)
+    g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("models", help="list the named demo models and whether they are cached")
+    m.set_defaults(func=cmd_models)
+
+    b = sub.add_parser("bench", help="our decoders vs plain and HF's assisted/prompt-lookup generation")
+    _add_model_args(b)
+    b.add_argument("--draft", help="draft model for DraftModel and HF assisted generation")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
+    b.add_argument("--out", default="bench/results", help="folder for the JSON, markdown and PNG")
+    b.set_defaults(func=cmd_bench)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Prompt lookup decoding: candidates copied from earlier in the prompt and output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdec import ops
+from specdec.cost_model import AcceptanceEstimate
+from specdec.decoders.base import Context, Proposal
+
+
+@dataclass
+class PromptLookup:
+    """Propose the continuation of the most recent earlier occurrence of the context's longest
+    suffix n-gram (``max_ngram`` down to ``min_ngram`` tokens), up to ``num_draft_tokens``
+    tokens. With ``adaptive=True`` (default) fewer are verified when the recent acceptance and
+    the measured pass costs say a longer pass does not pay.
+
+    Example (``model`` a Hugging Face causal LM)::
+
+        out = specdec.generate(model, input_ids, method=specdec.PromptLookup(max_ngram=3))
+    """
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+    num_draft_tokens: int = 10
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+
+    @property
+    def max_candidates(self) -> int:
+        return 1 + self.num_draft_tokens
+
+    @property
+    def models(self) -> tuple[torch.nn.Module, ...]:
+        return ()
+
+    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int):
+        return _LookupProposer(self)
+
+
+class _LookupProposer:
+    def __init__(self, method: PromptLookup) -> None:
+        self.method = method
+        self.acceptance = AcceptanceEstimate(value=0.5)
+        self.proposed = torch.zeros(0)
+        self.steps = 0
+
+    def propose(self, ctx: Context) -> Proposal:
+        m = self.method
+        k = m.num_draft_tokens
+        self.steps += 1
+        if m.adaptive:
+            # When no candidate pays, still try one now and then so the estimate can recover.
+            k = ctx.costs.best_length(self.acceptance.value, k) or int(self.steps % 8 == 0)
+        root = torch.gather(ctx.tokens, 1, (ctx.lengths - 1)[:, None])
+        if k == 0:
+            self.proposed = torch.zeros_like(ctx.lengths)
+            return Proposal(root, torch.full_like(root, -1))
+        draft, draft_len = ops.ngram_match(ctx.tokens, ctx.lengths, m.min_ngram, m.max_ngram, k)
+        width = int(draft_len.max())  # trim to the longest match: no pass over pure padding
+        self.proposed = draft_len
+        tokens = torch.cat([root, draft[:, :width]], 1)
+        parents = torch.arange(-1, width, device=tokens.device).expand_as(tokens)
+        return Proposal(tokens, parents)
+
+    def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
+        has = (self.proposed > 0) & ~ctx.finished
+        accepted = int(accept_len[has].sum())
+        rejections = int((accept_len[has] < self.proposed[has]).sum())
+        self.acceptance.observe(accepted, accepted + rejections)

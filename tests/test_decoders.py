@@ -1,0 +1,153 @@
+"""The decoders on tiny random-weight models: greedy identity with the target's own generate,
+batches with ragged acceptance and EOS, and the sampling distribution."""
+
+import pytest
+import torch
+from tiny_models import perturbed, tiny_lm
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import specdec
+
+MAX_NEW = 24
+
+
+def hf_greedy(model, prompt: list[int], max_new: int, eos=None) -> list[int]:
+    ids = torch.tensor([prompt])
+    # eos=None: the model's own EOS, as in specdec.generate (passing None would disable it).
+    kw = {} if eos is None else {"eos_token_id": eos}
+    out = model.generate(ids, do_sample=False, max_new_tokens=max_new, pad_token_id=2,
+                         attention_mask=torch.ones_like(ids), **kw)
+    return out[0, len(prompt):].tolist()
+
+
+def first_mismatch_note(model, prompt, want, got) -> str:
+    """Where two greedy outputs part, the target's top-2 logit gap (a genuine tie is < 1e-5)."""
+    i = next(i for i, (a, b) in enumerate(zip(want, got)) if a != b)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + want[:i]])).logits[0, -1]
+    top = logits.topk(2).values
+    return f"first mismatch at new token {i}: top-2 logit gap {float(top[0] - top[1]):.2e}"
+
+
+def assert_greedy_identity(model, prompts, method, max_new=MAX_NEW, eos=None):
+    B, S = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((B, S), 2)
+    mask = torch.zeros(B, S, dtype=torch.long)
+    for b, p in enumerate(prompts):  # left padding, as for batched generation
+        ids[b, S - len(p):] = torch.tensor(p)
+        mask[b, S - len(p):] = 1
+    out = specdec.generate(model, ids, max_new_tokens=max_new, method=method, attention_mask=mask,
+                           eos_token_id=eos, pad_token_id=2)
+    assert out.sequences.shape == (B, S + max_new)
+    assert torch.equal(out.sequences[:, :S], ids)
+    for b, p in enumerate(prompts):
+        want = hf_greedy(model, p, max_new, eos)
+        got = out.sequences[b, S:S + len(want)].tolist()
+        assert got == want, first_mismatch_note(model, p, want, got)
+        assert (out.sequences[b, S + len(want):] == 2).all()  # padded after the row stopped
+    return out
+
+
+PROMPTS = [[0, 5, 17, 33, 5, 17], [0, 40], [0, 9, 9, 9, 61, 70, 71, 72, 9], [0, 3, 4]]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_plain_decoding_matches_generate(family):
+    assert_greedy_identity(tiny_lm(family), PROMPTS[:2], None)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_draft_that_always_agrees(family):
+    target = tiny_lm(family)
+    out = assert_greedy_identity(target, PROMPTS[:1], specdec.DraftModel(target, num_draft_tokens=4))
+    # Every candidate is accepted: 5 tokens per pass after the prefill.
+    assert out.stats.acceptance_rate == 1.0
+    assert out.stats.target_forwards <= 1 + -(-(MAX_NEW - 1) // 5)
+
+
+def test_draft_that_never_agrees():
+    target = tiny_lm("llama", seed=0)
+    stranger = tiny_lm("llama", seed=123)
+    out = assert_greedy_identity(target, PROMPTS[:2], specdec.DraftModel(stranger, num_draft_tokens=3))
+    assert out.stats.acceptance_rate < 0.3
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_draft_that_partly_agrees_batch_ragged(adaptive):
+    target = tiny_lm("qwen2", seed=1)
+    draft = perturbed(target, 0.03, seed=5)
+    out = assert_greedy_identity(target, PROMPTS, specdec.DraftModel(draft, 4, adaptive=adaptive))
+    accepted = torch.stack(out.stats.accepted)
+    assert 0.1 < out.stats.acceptance_rate < 1.0
+    # Rows accepted different lengths in the same step.
+    assert any(len(set(row.tolist())) > 1 for row in accepted)
+
+
+def test_eos_stops_rows_at_different_times():
+    target = tiny_lm("llama", seed=2)
+    # An EOS id that one row's greedy output reaches early.
+    out0 = hf_greedy(target, PROMPTS[0], MAX_NEW)
+    eos = out0[5]
+    assert_greedy_identity(target, PROMPTS, specdec.DraftModel(perturbed(target, 0.2, 1), 3), eos=eos)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_prompt_lookup_greedy_identity(family):
+    target = tiny_lm(family, seed=3)
+    out = assert_greedy_identity(target, PROMPTS, specdec.PromptLookup(max_ngram=3, num_draft_tokens=6,
+                                                                       adaptive=False))
+    assert out.stats.total_accepted > 0  # the repetitive output gets matched
+
+
+def test_sampling_follows_the_target_distribution():
+    # 4000 rows of one prompt, two new tokens each, with a partly agreeing draft: the first
+    # token's distribution and the second's given the most frequent first tokens must match
+    # the target's own, as transformers' warpers define it (TV < 3 / sqrt(n)).
+    vocab, N = 16, 4000
+    target = tiny_lm("llama", seed=4, vocab=vocab, init=0.6)
+    draft = perturbed(target, 0.5, seed=9)
+    settings = dict(temperature=0.8, top_k=10, top_p=0.95)
+    warp = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(10), TopPLogitsWarper(0.95)])
+    prompt = torch.tensor([[0, 5, 7, 3]])
+    gen = torch.Generator().manual_seed(0)
+    out = specdec.generate(target, prompt.expand(N, 4), max_new_tokens=2, do_sample=True, **settings,
+                           method=specdec.DraftModel(draft, 3), generator=gen, eos_token_id=[])
+    first, second = out.sequences[:, 4], out.sequences[:, 5]
+
+    def exact(prefix):
+        with torch.no_grad():
+            logits = target(prefix).logits[:, -1]
+        return warp(prefix, logits).softmax(-1)[0]
+
+    def tv(samples, probs):
+        freq = torch.bincount(samples, minlength=vocab).double() / len(samples)
+        return 0.5 * float((freq - probs.double()).abs().sum())
+
+    p1 = exact(prompt)
+    assert tv(first, p1) < 3 / N ** 0.5
+    for x in p1.argsort(descending=True)[:2].tolist():
+        rows = first == x
+        p2 = exact(torch.cat([prompt, torch.tensor([[x]])], 1))
+        assert tv(second[rows], p2) < 3 / int(rows.sum()) ** 0.5
+
+
+def test_sampling_is_reproducible_with_a_generator():
+    target = tiny_lm("llama", seed=6)
+    runs = [specdec.generate(target, torch.tensor([[0, 5, 6]]), max_new_tokens=10, do_sample=True,
+                             method=specdec.DraftModel(perturbed(target, 0.3, 2), 3),
+                             generator=torch.Generator().manual_seed(7)).sequences for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_bad_arguments():
+    target = tiny_lm("llama")
+    with pytest.raises(ValueError, match="input_ids"):
+        specdec.generate(target, torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        specdec.generate(target, torch.tensor([[1, 2]]), max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        specdec.generate(target, torch.tensor([[1, 2]]), do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        specdec.DraftModel(target, num_draft_tokens=0)
+    with pytest.raises(ValueError, match="min_ngram"):
+        specdec.PromptLookup(max_ngram=1, min_ngram=2)

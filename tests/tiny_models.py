@@ -1,0 +1,38 @@
+"""Tiny random-weight causal LMs (seeded) for decoder logic tests; no download."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+CONFIGS = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
+
+
+def tiny_lm(family: str = "llama", seed: int = 0, vocab: int = 96, layers: int = 2,
+            init: float = 0.3, **overrides) -> torch.nn.Module:
+    """A small model whose logits are peaked enough (``init``) that greedy decoding has clear
+    winners and falls into repetitive text, as real models do."""
+    config_cls, model_cls = CONFIGS[family]
+    config = config_cls(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        initializer_range=init, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+        pad_token_id=2, **overrides)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    return model.eval()
+
+
+def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """A copy of ``model`` with noise on every weight: a draft that agrees only partly."""
+    copy = type(model)(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
+    return copy
