@@ -151,3 +151,22 @@ def test_bad_arguments():
         specdec.DraftModel(target, num_draft_tokens=0)
     with pytest.raises(ValueError, match="min_ngram"):
         specdec.PromptLookup(max_ngram=1, min_ngram=2)
+
+
+def test_accelerated_model_with_tree_attention_and_speccache():
+    # accelerate_verification (prepacked linear layers) under the verify loop: same greedy
+    # output as the prepared model's own generate, and tree-pass logits as the unprepared model.
+    target = tiny_lm("llama", seed=8)
+    reference = tiny_lm("llama", seed=8)
+    specdec.accelerate_verification(target)
+    assert_greedy_identity(target, PROMPTS, specdec.DraftModel(perturbed(reference, 0.03, 3), 5))
+    from specdec.tree_forward import prefill, tree_attention_enabled, tree_forward
+
+    tokens, parents = torch.tensor([[7, 8, 9, 10]]), torch.tensor([[-1, 0, 0, 1]])
+    logits = []
+    for model in (target, reference):
+        with torch.no_grad(), tree_attention_enabled(model):
+            cache = specdec.SpecCache.for_model(model, 1, 32)
+            prefill(model, cache, torch.tensor([PROMPTS[0]]))
+            logits.append(tree_forward(model, cache, tokens, parents))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)

@@ -6,7 +6,10 @@ import importlib
 import pytest
 import torch
 
-MODULES = ["specdec", "specdec.ops", "specdec.ngram_pool", "specdec.cache", "specdec.tree_forward"]
+MODULES = [
+    "specdec", "specdec.ops", "specdec.ngram_pool", "specdec.cache", "specdec.tree_forward",
+    "specdec.sampling", "specdec.cost_model", "specdec.models", "specdec.accelerate",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -87,6 +87,8 @@ def main(args: argparse.Namespace) -> None:
         specdec.accelerate_verification(target)
     costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16))
     draft = models.load(args.draft, dtype=dtype)[0] if args.draft else None
+    if draft is not None and not args.no_accelerate:
+        specdec.accelerate_verification(draft)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     sets = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS}
     runs: list[Run] = []

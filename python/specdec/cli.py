@@ -50,6 +50,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
         specdec.accelerate_verification(target)
     if args.draft:
         draft, _ = models.load(args.draft, dtype=dtype)
+        if not args.no_accelerate:
+            specdec.accelerate_verification(draft)
         method = specdec.DraftModel(draft, num_draft_tokens=args.num_draft_tokens, adaptive=True)
     elif args.prompt_lookup:
         method = specdec.PromptLookup(num_draft_tokens=args.num_draft_tokens)
@@ -69,7 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     plain_new = plain.shape[1] - input_ids.shape[1]
 
     print(f"[specdec] speculative ({_describe(args)}):", file=sys.stderr, flush=True)
-    streamer = TextStreamer(tokenizer, skip_prompt=True)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = specdec.generate(target, input_ids, max_new_tokens=args.max_new_tokens, method=method,
                            streamer=streamer, generator=generator, **sample)
     st = out.stats
