@@ -5,9 +5,9 @@
 //   void sync()                            makes every thread's earlier writes visible to all
 //   float sum(n, f)                        sum of f(j) for j < n; f is called once per j, and
 //                                          may write element j of a scratch row
-//   int64_t sample(n, w, total, u)         smallest j with w(0) + ... + w(j) > u * total and
-//                                          w(j) > 0; the largest j with w(j) > 0 when rounding
-//                                          leaves none; -1 when every weight is zero
+//   int64_t sample(n, w, total, u, offset)  smallest j with w(0) + ... + w(j) > u * total +
+//                                          offset and w(j) > 0; the largest j with w(j) > 0
+//                                          when rounding leaves none; -1 when all are zero
 // Every thread of an executor runs the same control flow and gets the same results; the CPU
 // executor is a single thread, the CUDA one a thread block.
 #pragma once
@@ -22,7 +22,22 @@ template <class Exec, class W>
 SPECDEC_HD int64_t sample_weights(Exec& ex, int64_t n, W w, float u) {
   const float total = ex.sum(n, w);
   if (!(total > 0.f)) return -1;
-  return ex.sample(n, w, total, u);
+  return ex.sample(n, w, total, u, 0.f);
+}
+
+// Draws from the weights w(j) >= 0 without index x (x outside [0, n): nothing excluded), with
+// the uniform u; -1 when no weight is left. The passes run over w itself, which keeps them
+// vectorisable: the weight of x is taken off the total, and a draw that lands at or past x is
+// redone with the threshold raised by w(x) (the first index past it then is the answer).
+SPECDEC_HD_TEMPLATE
+template <class Exec, class W>
+SPECDEC_HD int64_t sample_weights_without(Exec& ex, int64_t n, W w, int64_t x, float u) {
+  const bool excluding = valid_id(x, n);
+  const float wx = excluding ? w(x) : 0.f;
+  const float total = ex.sum(n, w) - wx;
+  if (!(total > 0.f)) return -1;
+  const int64_t j = ex.sample(n, w, total, u, 0.f);
+  return excluding && j >= x ? ex.sample(n, w, total, u, wx) : j;
 }
 
 SPECDEC_HD_TEMPLATE
@@ -69,9 +84,8 @@ SPECDEC_HD void chain_sampling_row(Exec& ex, const P* draft_probs, const I* draf
         ex, V, [=](int64_t j) { return clamp_weight(to_float(p_row[j]) - to_float(q_row[j])); },
         u[K]);
   } else if (i < K) {
-    const int64_t x = draft_ids[i];
-    token = sample_weights(
-        ex, V, [=](int64_t j) { return j == x ? 0.f : clamp_weight(to_float(p_row[j])); }, u[K]);
+    token = sample_weights_without(
+        ex, V, [=](int64_t j) { return clamp_weight(to_float(p_row[j])); }, draft_ids[i], u[K]);
   }
   // An empty residual means p_i and q_i agree (up to rounding): p_i itself is then the answer.
   if (token < 0) token = sample_probs(ex, p_row, V, u[K]);

@@ -28,6 +28,26 @@ def sample_from_weights(weights: Tensor, u: float) -> int:
     return j if j < w.numel() else int(positive[-1])
 
 
+def sample_without(weights: Tensor, x: int, u: float) -> int:
+    """A draw from ``weights`` without index x, as the kernels make it: the total is the float32
+    sum less w[x]; a draw landing at or past x is redone with the threshold raised by w[x]."""
+    w = torch.nan_to_num(weights.float(), nan=0.0).clamp_min(0.0)
+    if not 0 <= x < w.numel():
+        return sample_from_weights(w, u)
+    cdf = torch.cumsum(w.double(), 0)
+    wx = float(w[x])
+    total = _float32(_float32(float(cdf[-1])) - wx)
+    if not total > 0:
+        return -1
+    j = int(torch.searchsorted(cdf, u * total, right=True))
+    if j >= x:
+        j = int(torch.searchsorted(cdf, u * total + wx, right=True))
+    if j >= w.numel():
+        positive = torch.nonzero(w > 0).flatten()
+        j = int(positive[-1])
+    return j
+
+
 def _float32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
@@ -64,11 +84,7 @@ def chain_speculative_sampling(
         if i < K and q_all is not None:
             token = sample_from_weights(p_all[b, i] - q_all[b, i], u)
         elif i < K:
-            w = p_all[b, i].clone()
-            x = int(draft_ids[b, i])
-            if 0 <= x < V:
-                w[x] = 0.0
-            token = sample_from_weights(w, u)
+            token = sample_without(p_all[b, i], int(draft_ids[b, i]), u)
         if token < 0:
             token = sample_from_weights(p_all[b, i], u)
         out.append(_chain_row([int(t) for t in draft_ids[b, :i]], token, K + 1))
