@@ -118,9 +118,10 @@ def main() -> None:
     table = "\n".join(lines) + "\n"
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"pass_cost-{args.model.replace('/', '_')}-{args.dtype}"
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(table)
+    # Model names hold dots ("qwen2.5-..."): build the names, no with_suffix.
+    stem = f"pass_cost-{args.model.replace('/', '_')}-{args.dtype}"
+    (args.out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / f"{stem}.md").write_text(table)
     print(f"wrote {stem}.json and {stem}.md")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -40,3 +41,11 @@ def assert_draws_match(got: torch.Tensor, want: torch.Tensor, device: str) -> No
         assert torch.equal(got, want)
     else:
         assert int((got != want).sum()) <= max(1, got.numel() // 100)
+
+
+def assert_all_raise(cases) -> None:
+    """Each (description, call, match) must raise ValueError/TypeError whose message matches."""
+    for description, call, match in cases:
+        with pytest.raises((ValueError, TypeError), match=match):
+            call()
+            pytest.fail(f"no error for: {description}")

@@ -28,6 +28,11 @@ void tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
   const auto d = check_tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, out);
   const at::Tensor qc = q.contiguous(), plen = prefix_len.to(at::kLong).contiguous();
   const at::Tensor mask = tree_mask ? tree_mask->contiguous() : at::Tensor();
+  const float sc = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d.D)));
+  if (d.T >= kGemmMinTokens) {
+    tree_attention_gemm(qc, k_cache, v_cache, plen, mask, sc, out);
+    return;
+  }
   AttentionArgs a{};
   a.q = qc.const_data_ptr();
   a.k = k_cache.const_data_ptr();
@@ -38,7 +43,7 @@ void tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
   a.B = d.B, a.H = d.H, a.Hkv = d.Hkv, a.T = d.T, a.D = d.D, a.S = d.S;
   a.k_sb = k_cache.stride(0), a.k_sh = k_cache.stride(1), a.k_ss = k_cache.stride(2);
   a.v_sb = v_cache.stride(0), a.v_sh = v_cache.stride(1), a.v_ss = v_cache.stride(2);
-  a.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d.D)));
+  a.scale = sc;
   a.dtype = q.scalar_type();
   if (cpu_has_avx2())
     avx2::tree_attention(a);

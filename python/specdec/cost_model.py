@@ -45,34 +45,61 @@ class CostModel:
         t = (k - lo) / (hi - lo)
         return (1 - t) * self.target_ms[lo] + t * self.target_ms[hi]
 
-    def best_length(self, acceptance: float, max_len: int) -> int:
-        """Number of chain candidates maximising expected emitted tokens per ms, for a
-        per-token acceptance probability ``acceptance``.
+    def best_length(self, acceptance: AcceptanceEstimate, max_len: int) -> int:
+        """Number of chain candidates (0..max_len) maximising the expected emitted tokens per ms.
 
         Example:
-            >>> flat = CostModel({1: 10.0, 16: 10.0})
-            >>> flat.best_length(0.8, 8)
+            >>> likely = AcceptanceEstimate(prior=0.8)
+            >>> CostModel({1: 10.0, 16: 10.0}).best_length(likely, 8)        # flat costs (GPU)
             8
-            >>> steep = CostModel({1: 10.0, 2: 30.0, 16: 300.0})
-            >>> steep.best_length(0.5, 8)
+            >>> CostModel({1: 10.0, 2: 30.0, 16: 300.0}).best_length(AcceptanceEstimate(prior=0.5), 8)
             0
         """
-        a = min(max(acceptance, 0.0), 0.999)
 
         def rate(g: int) -> float:
-            expected = (1 - a ** (g + 1)) / (1 - a)  # accepted drafts + the one more token
-            return expected / (g * self.draft_ms_per_token + self.target(g + 1))
+            return acceptance.expected(g) / (g * self.draft_ms_per_token + self.target(g + 1))
 
         return max(range(max_len + 1), key=rate)
 
 
 @dataclass
 class AcceptanceEstimate:
-    """Running estimate of the probability that a candidate is accepted, given its parent was."""
+    """Running estimate, per chain position i, of the probability that candidate i is accepted
+    given that the candidates before it were. One geometric rate would misjudge copied text
+    (prompt lookup), which tends to be accepted whole or not at all.
 
-    value: float = 0.6
+    Example:
+        >>> est = AcceptanceEstimate(prior=0.5, smoothing=1.0)
+        >>> est.observe(accepted=[0, 4], proposed=[4, 4])   # one row rejects at once, one takes all
+        >>> [round(est.rate(i), 2) for i in range(4)], round(est.expected(4), 2)
+        ([0.5, 1.0, 1.0, 1.0], 3.0)
+    """
+
+    prior: float = 0.6
     smoothing: float = 0.3
+    rates: list[float] = field(default_factory=list)
 
-    def observe(self, accepted: int, trials: int) -> None:
-        if trials > 0:
-            self.value = (1 - self.smoothing) * self.value + self.smoothing * accepted / trials
+    def rate(self, i: int) -> float:
+        if i < len(self.rates):
+            return self.rates[i]
+        return self.rates[-1] if self.rates else self.prior
+
+    def observe(self, accepted: list[int], proposed: list[int]) -> None:
+        """One step's rows: ``accepted[r]`` of ``proposed[r]`` chain candidates were accepted."""
+        width = max(proposed, default=0)
+        for i in range(width):
+            tried = sum(1 for a, p in zip(accepted, proposed) if p > i and a >= i)
+            if tried == 0:
+                break
+            passed = sum(1 for a, p in zip(accepted, proposed) if p > i and a > i)
+            while len(self.rates) <= i:
+                self.rates.append(self.rate(len(self.rates)))
+            self.rates[i] = (1 - self.smoothing) * self.rates[i] + self.smoothing * passed / tried
+
+    def expected(self, g: int) -> float:
+        """Expected tokens emitted by a step with g chain candidates (accepted ones + 1)."""
+        total, reach = 1.0, 1.0
+        for i in range(g):
+            reach *= self.rate(i)
+            total += reach
+        return total

@@ -61,7 +61,7 @@ class _DraftProposer:
     def propose(self, ctx: Context) -> Proposal:
         model, sampling = self.method.model, ctx.sampling
         if self.method.adaptive:
-            self.length = max(1, ctx.costs.best_length(self.acceptance.value, self.method.max_draft_tokens))
+            self.length = max(1, ctx.costs.best_length(self.acceptance, self.method.max_draft_tokens))
         start = time.perf_counter()
         # Tokens committed since the draft last saw the context (1, or 2 after a full accept).
         pending = ctx.lengths - self.cache.lengths
@@ -93,7 +93,5 @@ class _DraftProposer:
     def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
         # Keep only the draft's entries of committed tokens; the new root is fed next step.
         self.cache.rollback(torch.minimum(self.cache.lengths, ctx.lengths - 1))
-        live = ~ctx.finished
-        accepted = int(accept_len[live].sum())
-        rejections = int((accept_len[live] < self.length).sum())
-        self.acceptance.observe(accepted, accepted + rejections)
+        accepted = accept_len[~ctx.finished].tolist()
+        self.acceptance.observe(accepted, [self.length] * len(accepted))

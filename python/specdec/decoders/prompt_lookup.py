@@ -50,7 +50,7 @@ class PromptLookup:
 class _LookupProposer:
     def __init__(self, method: PromptLookup) -> None:
         self.method = method
-        self.acceptance = AcceptanceEstimate(value=0.5)
+        self.acceptance = AcceptanceEstimate(prior=0.5)
         self.proposed = torch.zeros(0)
         self.steps = 0
 
@@ -60,7 +60,7 @@ class _LookupProposer:
         self.steps += 1
         if m.adaptive:
             # When no candidate pays, still try one now and then so the estimate can recover.
-            k = ctx.costs.best_length(self.acceptance.value, k) or int(self.steps % 8 == 0)
+            k = ctx.costs.best_length(self.acceptance, k) or int(self.steps % 8 == 0)
         root = torch.gather(ctx.tokens, 1, (ctx.lengths - 1)[:, None])
         if k == 0:
             self.proposed = torch.zeros_like(ctx.lengths)
@@ -74,6 +74,4 @@ class _LookupProposer:
 
     def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
         has = (self.proposed > 0) & ~ctx.finished
-        accepted = int(accept_len[has].sum())
-        rejections = int((accept_len[has] < self.proposed[has]).sum())
-        self.acceptance.observe(accepted, accepted + rejections)
+        self.acceptance.observe(accept_len[has].tolist(), self.proposed[has].tolist())
