@@ -160,7 +160,7 @@ def _table(runs: list[Run]) -> str:
 def _write(args: argparse.Namespace, runs: list[Run], costs: dict[int, float]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench_{Path(args.model).name}_{args.dtype}"
+    stem = f"bench_{Path(args.model).name}_{args.dtype}" + ("_unprepared" if args.no_accelerate else "")
     meta = {"model": args.model, "draft": args.draft, "dtype": args.dtype,
             "accelerated": not args.no_accelerate, "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),

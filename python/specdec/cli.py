@@ -42,6 +42,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     import specdec
     from specdec import models
 
+    text = _prompt_text(args)  # before any model is loaded
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
@@ -57,7 +58,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         method = specdec.PromptLookup(num_draft_tokens=args.num_draft_tokens)
     else:
         method = None
-    input_ids = _encode(tokenizer, _prompt_text(args), args.chat)
+    input_ids = _encode(tokenizer, text, args.chat)
     sample = dict(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     generator = torch.Generator().manual_seed(args.seed)
 
@@ -103,8 +104,9 @@ def _describe(args: argparse.Namespace) -> str:
 def cmd_models(args: argparse.Namespace) -> None:
     from specdec import models
 
-    for name, cached in models.available().items():
-        print(f"{name:24s} {'cached' if cached else 'not downloaded'}")
+    for status in models.available():
+        state = f"cached in {status.path}" if status.cached else "not downloaded yet"
+        print(f"{status.name:22s} {status.description}  [{state}]")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
