@@ -343,7 +343,6 @@ def tree_attention(
 ) -> Tensor:
     """scaled_dot_product_attention (float32) with the explicit mask: prefix, then the tree."""
     B, H, T, D = q.shape
-    S = k_cache.shape[2]
     group = H // k_cache.shape[1]
     if tree_mask is None:
         tree_mask = torch.ones(B, T, T, dtype=torch.bool, device=q.device).tril()
