@@ -170,3 +170,18 @@ def test_accelerated_model_with_tree_attention_and_speccache():
             prefill(model, cache, torch.tensor([PROMPTS[0]]))
             logits.append(tree_forward(model, cache, tokens, parents))
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+def test_right_padded_batch_gives_the_same_tokens_as_left_padded():
+    target = tiny_lm("llama", seed=9)
+    method = specdec.PromptLookup(adaptive=False)
+    B, S = len(PROMPTS), max(len(p) for p in PROMPTS)
+    left, right = torch.full((B, S), 2), torch.full((B, S), 2)
+    lmask, rmask = torch.zeros(B, S, dtype=torch.long), torch.zeros(B, S, dtype=torch.long)
+    for b, p in enumerate(PROMPTS):
+        left[b, S - len(p):], lmask[b, S - len(p):] = torch.tensor(p), 1
+        right[b, : len(p)], rmask[b, : len(p)] = torch.tensor(p), 1
+    out_l = specdec.generate(target, left, max_new_tokens=12, method=method, attention_mask=lmask)
+    out_r = specdec.generate(target, right, max_new_tokens=12, method=method, attention_mask=rmask)
+    assert torch.equal(out_l.sequences[:, S:], out_r.sequences[:, S:])
+    assert torch.equal(out_r.sequences[:, :S], right)
