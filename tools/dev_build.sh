@@ -10,7 +10,7 @@ launcher=()
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
-cmake -S . -B "$build" -G Ninja -DSPECDEC_CUDA="$mode" -DPython_EXECUTABLE="$(command -v python)" \
+cmake -S . -B "$build" -G Ninja -DSPECDEC_CUDA="$mode" -DPython_EXECUTABLE="$(command -v "${PYTHON:-python3}")" \
   "${launcher[@]}" >/dev/null
 cmake --build "$build"
 cp "$build"/_C*.so python/specdec/

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole GPU check in one run, for a machine with an NVIDIA GPU and a CUDA build of torch
+# but no network (the device tool's machines): builds the extension in place with the CUDA
+# kernels, records the GPU, and runs the test suite, whose op tests are parametrised over the
+# devices present and so exercise every CUDA kernel. The real-model tests are left out (their
+# models come from PyPI packages). Results go to $OUT (default bench/results/gpu).
+#   PYTHON (default python3), CUDAARCHS (default 90: Hopper only, to build fast)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-bench/results/gpu}"
+mkdir -p "$out"
+export PYTHON="${PYTHON:-python3}" CUDAARCHS="${CUDAARCHS:-90}"
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+start=$(date +%s)
+tools/dev_build.sh ON > "$out/build.txt" 2>&1 || { tail -40 "$out/build.txt"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s" | tee "$out/summary.txt"
+PYTHONPATH=python "$PYTHON" -c "import specdec, torch; print(specdec.build_info(), torch.__version__, torch.cuda.get_device_name())" \
+  | tee -a "$out/summary.txt"
+PYTHONPATH=python timeout 900 "$PYTHON" -m pytest tests -m "not real_model" -q -p no:cacheprovider \
+  -k "cuda or not cpu" > "$out/tests.txt" 2>&1
+status=$?
+tail -5 "$out/tests.txt" | tee -a "$out/summary.txt"
+exit $status
