@@ -196,3 +196,22 @@ def test_padding_nodes_are_never_accepted(device):
     assert n.tolist() == [3, 1] and nxt.tolist() == [0, 2]
     path, n, nxt = ops.tree_verify_greedy(tokens, parents, p)
     assert n.tolist() == [3, 1] and nxt.tolist() == [0, 2]
+
+
+def test_tree_sampling_stochastic_many_rejected_siblings(device):
+    # Wide trees whose drafted tokens the target mostly rejects: many residual updates in a row,
+    # at one node and across nodes (on CUDA, each reads a scratch row that the next rewrites).
+    gen = torch.Generator().manual_seed(11)
+    B, V = 64, 20000
+    parents = torch.tensor([[-1, 0, 0, 0, 0, 1, 1, 1, 2, 2, 5, 5, 5, 8, 8, 8]] * B)
+    T = parents.shape[1]
+    p = random_probs(B, T, V, gen=gen)
+    q = random_probs(B, T, V, gen=gen)
+    tokens = torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(B, T)
+    u = torch.rand(B, T, generator=gen)
+    want = ref.tree_speculative_sampling(tokens, parents, p, u, q)
+    args = [t.to(device) for t in (tokens, parents, p, u, q)]
+    first = ops.tree_speculative_sampling(*args)
+    again = ops.tree_speculative_sampling(*args)
+    assert_tree_matches(first, want, device)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))

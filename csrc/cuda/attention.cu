@@ -94,7 +94,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* acc = alpha_s + R;         // [R, D]
 
   const int64_t G = p.H / p.Hkv, rows_total = T * G;
-  const int64_t split = blockIdx.x, b = blockIdx.y / p.Hkv, kvh = blockIdx.y % p.Hkv;
+  // Rows x KV heads on x (up to 2^31 - 1 blocks), splits on y, query tiles on z.
+  const int64_t split = blockIdx.y, b = blockIdx.x / p.Hkv, kvh = blockIdx.x % p.Hkv;
   const int64_t r0 = static_cast<int64_t>(blockIdx.z) * R;
   const int64_t r_end = r0 + R < rows_total ? r0 + R : rows_total;
   const int64_t P = core::clamp_prefix(static_cast<int64_t>(prefix_len[b]), T, p.S);
@@ -247,7 +248,10 @@ void tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
     part_acc = at::empty({num_splits, d.B * d.H * d.T, d.D}, opts);
     part_ml = at::empty({num_splits, d.B * d.H * d.T, 2}, opts);
   }
-  const dim3 grid(static_cast<unsigned>(num_splits), static_cast<unsigned>(d.B * d.Hkv),
+  TORCH_CHECK_VALUE(tiles <= 65535 && num_splits <= 65535, "specdec.tree_attention: ", d.T,
+                    " tokens x ", d.H / d.Hkv, " query heads per KV head at head size ", d.D,
+                    " need ", tiles, " query tiles, more than a CUDA grid holds (65535)");
+  const dim3 grid(static_cast<unsigned>(d.B * d.Hkv), static_cast<unsigned>(num_splits),
                   static_cast<unsigned>(tiles));
   const size_t smem = static_cast<size_t>(tile.smem_floats(d.D)) * sizeof(float);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tree_attention", [&] {
@@ -280,15 +284,15 @@ struct LayerPtrs {
   void* v[kMaxLayers];
 };
 
-// blockIdx.x: 2 * layer + (0 keys, 1 values); blockIdx.y: row.
+// blockIdx.x: row (up to 2^31 - 1); blockIdx.y: 2 * layer + (0 keys, 1 values).
 template <class E, class I>
 __global__ void kv_commit_kernel(LayerPtrs layers, const I* __restrict__ lengths,
                                  const I* __restrict__ src_pos, const I* __restrict__ accept_len,
                                  int64_t S, int64_t A, int64_t Hk, int64_t Dk, int64_t Hv,
                                  int64_t Dv) {
-  const int layer = blockIdx.x / 2;
-  const bool is_k = blockIdx.x % 2 == 0;
-  const int64_t b = blockIdx.y, H = is_k ? Hk : Hv, D = is_k ? Dk : Dv;
+  const int layer = blockIdx.y / 2;
+  const bool is_k = blockIdx.y % 2 == 0;
+  const int64_t b = blockIdx.x, H = is_k ? Hk : Hv, D = is_k ? Dk : Dv;
   E* cache = static_cast<E*>(is_k ? layers.k[layer] : layers.v[layer]) + b * H * S * D;
   const int64_t len = lengths[b];
   const int64_t n = core::commit_count(len, static_cast<int64_t>(accept_len[b]), A, S);
@@ -323,7 +327,7 @@ void launch_commit(at::TensorList k_caches, at::TensorList v_caches, const at::T
         ptrs.k[l] = k_caches[l0 + l].data_ptr();
         ptrs.v[l] = v_caches[l0 + l].data_ptr();
       }
-      const dim3 grid(static_cast<unsigned>(2 * count), static_cast<unsigned>(d.B));
+      const dim3 grid(static_cast<unsigned>(d.B), static_cast<unsigned>(2 * count));
       kv_commit_kernel<E, index_t><<<grid, kCommitThreads, 0, stream>>>(
           ptrs, lengths.const_data_ptr<index_t>(), src.const_data_ptr<index_t>(),
           n.const_data_ptr<index_t>(), d.S, d.A, d.Hk, d.Dk, d.Hv, d.Dv);

@@ -40,6 +40,9 @@ struct BlockExec {
 
   template <class F>
   __device__ float sum(int64_t n, F f) {
+    // f may write element j of a scratch row that every thread read just before (tree
+    // sampling reads resid[x], then updates resid): all reads must be done first.
+    __syncthreads();
     float acc = 0.f;
     for (int64_t j = threadIdx.x; j < n; j += BLOCK) acc += f(j);
     const float total = Reduce(s.temp.reduce).Sum(acc);
