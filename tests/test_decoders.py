@@ -185,3 +185,12 @@ def test_right_padded_batch_gives_the_same_tokens_as_left_padded():
     out_r = specdec.generate(target, right, max_new_tokens=12, method=method, attention_mask=rmask)
     assert torch.equal(out_l.sequences[:, S:], out_r.sequences[:, S:])
     assert torch.equal(out_r.sequences[:, :S], right)
+
+
+def test_earliest_continuation():
+    from specdec.decoders.prompt_lookup import _earliest_continuation
+
+    row = torch.tensor([5, 6, 7, 5, 6, 9, 5, 6, 0, 0])  # length 8: suffix "5 6" occurs at 0 and 3
+    assert _earliest_continuation(row, 8, 1, 3, 3) == [7, 5, 6]
+    assert _earliest_continuation(row, 8, 1, 3, 1) == [7]
+    assert _earliest_continuation(torch.tensor([1, 2, 3]), 3, 1, 2, 4) == []
