@@ -28,7 +28,8 @@ TORCH_LIBRARY(specdec, m) {
 // ---- n-gram ops: prompt lookup and the lookahead n-gram pool (contracts in docs/ops.md) ----
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def(
-      "ngram_match(Tensor context, Tensor context_len, int min_n, int max_n, *, "
+      "ngram_match(Tensor context, Tensor context_len, int min_n, int max_n, "
+      "bool earliest=False, *, "
       "Tensor(a!) draft, Tensor(b!) draft_len) -> ()");
   // The pool's state (head, entries, cursor) is updated in place.
   m.def(

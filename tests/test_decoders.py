@@ -187,10 +187,13 @@ def test_right_padded_batch_gives_the_same_tokens_as_left_padded():
     assert torch.equal(out_r.sequences[:, :S], right)
 
 
-def test_earliest_continuation():
-    from specdec.decoders.prompt_lookup import _earliest_continuation
+def test_two_chains_merge_into_one_tree():
+    from specdec.decoders.prompt_lookup import _merge_chains
 
-    row = torch.tensor([5, 6, 7, 5, 6, 9, 5, 6, 0, 0])  # length 8: suffix "5 6" occurs at 0 and 3
-    assert _earliest_continuation(row, 8, 1, 3, 3) == [7, 5, 6]
-    assert _earliest_continuation(row, 8, 1, 3, 1) == [7]
-    assert _earliest_continuation(torch.tensor([1, 2, 3]), 3, 1, 2, 4) == []
+    root = torch.tensor([[0], [0], [0]])
+    a = torch.tensor([[5, 6, 7], [5, 6, -1], [-1, -1, -1]])
+    b = torch.tensor([[5, 8, 9], [5, 6, -1], [-1, -1, -1]])
+    tokens, parents = _merge_chains(root, a, b, torch.tensor([3, 2, 0]))
+    # Row 0: b leaves a after 5: 8 hangs under a's 5 (node 1), 9 under 8. Row 1: b is a.
+    assert tokens.tolist() == [[0, 5, 6, 7, 8, 9], [0, 5, 6, -1, -1, -1], [0, -1, -1, -1, -1, -1]]
+    assert parents.tolist() == [[-1, 0, 1, 2, 1, 4], [-1, 0, 1, 0, 0, 0], [-1, 0, 0, 0, 0, 0]]

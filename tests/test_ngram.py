@@ -19,12 +19,12 @@ HYPOTHESIS = settings(max_examples=300, deadline=None, suppress_health_check=[He
 # ---- ngram_match ------------------------------------------------------------------------------
 
 
-def match(device, rows, lens=None, min_n=1, max_n=3, k=4, dtype=torch.int64):
+def match(device, rows, lens=None, min_n=1, max_n=3, k=4, dtype=torch.int64, earliest=False):
     """ngram_match on `rows` (lists padded to one length with 0) -> (drafts, lens) as lists."""
     S = max(len(r) for r in rows)
     context = torch.tensor([r + [0] * (S - len(r)) for r in rows], dtype=dtype, device=device)
     lens = torch.tensor([len(r) for r in rows] if lens is None else lens, dtype=dtype, device=device)
-    draft, n = ops.ngram_match(context, lens, min_n, max_n, k)
+    draft, n = ops.ngram_match(context, lens, min_n, max_n, k, earliest)
     return draft.tolist(), n.tolist()
 
 
@@ -52,6 +52,22 @@ def test_match_by_hand(device):
         assert want[0].tolist() == [want_draft]
 
 
+def test_match_earliest_by_hand(device):
+    cases = [
+        # (context, min_n, max_n, k) -> (draft, draft_len), the EARLIEST occurrence winning
+        (([9, 1, 4, 9, 2, 5, 9], 1, 1, 2), ([1, 4], 2)),         # several: the first wins
+        (([1, 2, 7, 8, 2, 5, 1, 2], 1, 1, 2), ([7, 8], 2)),      # max_n 1: the first [2]
+        (([1, 2, 7, 8, 2, 5, 1, 2], 1, 2, 2), ([7, 8], 2)),      # the longest n still first
+        (([4, 4, 4, 4], 1, 2, 3), ([4, 4, -1], 2)),              # [4 4] first at 0
+        (([1, 2, 3, 4], 1, 3, 3), ([-1, -1, -1], 0)),
+    ]
+    for (ctx, min_n, max_n, k), (want_draft, want_n) in cases:
+        got = match(device, [ctx], [len(ctx)], min_n, max_n, k, earliest=True)
+        assert got == ([want_draft], [want_n]), (ctx, min_n, max_n, k)
+        want = ref.ngram_match(torch.tensor([ctx]), torch.tensor([len(ctx)]), min_n, max_n, k, True)
+        assert want[0].tolist() == [want_draft]
+
+
 def test_match_ignores_tokens_past_context_len(device):
     # Row 0 would match [3] at 2 within the full row; with length 3 its suffix is [3] with no
     # earlier occurrence. Row 1 (length 5) continues its [1 2] match up to its own length only.
@@ -72,9 +88,11 @@ def test_match_matches_reference(device, dtype, data):
     min_n = data.draw(st.integers(1, 4))
     max_n = data.draw(st.integers(min_n, 6))
     k = data.draw(st.integers(1, 8))
+    earliest = data.draw(st.booleans())
     context = torch.tensor(rows, dtype=dtype).reshape(B, S)
-    want = ref.ngram_match(context, torch.tensor(lens, dtype=dtype), min_n, max_n, k)
-    got = ops.ngram_match(context.to(device), torch.tensor(lens, dtype=dtype, device=device), min_n, max_n, k)
+    want = ref.ngram_match(context, torch.tensor(lens, dtype=dtype), min_n, max_n, k, earliest)
+    got = ops.ngram_match(context.to(device), torch.tensor(lens, dtype=dtype, device=device), min_n,
+                          max_n, k, earliest)
     for g, w in zip(got, want):
         assert g.dtype == dtype and torch.equal(g.cpu(), w)
 
@@ -91,9 +109,10 @@ def test_match_long_contexts_match_reference(device, dtype):
             context[b, dst : dst + n % 64] = context[b, src : src + n % 64].clone()
     context = context.to(dtype)
     lens = torch.randint(S // 2, S + 1, (B,), generator=gen, dtype=dtype)
-    want = ref.ngram_match(context, lens, 2, 5, 10)
-    got = ops.ngram_match(context.to(device), lens.to(device), 2, 5, 10)
-    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    for earliest in (False, True):
+        want = ref.ngram_match(context, lens, 2, 5, 10, earliest)
+        got = ops.ngram_match(context.to(device), lens.to(device), 2, 5, 10, earliest)
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
 def test_match_default_length_is_the_whole_row(device):

@@ -14,7 +14,8 @@ namespace specdec::core {
 // Row context ctx[0..L-1]. An occurrence of the suffix n-gram ctx[L-n..L-1] is found by its last
 // position e: ctx[e-n+1..e] == ctx[L-n..L-1] with e < L - 1 (it starts before the suffix does,
 // and may overlap it). Its continuation is ctx[e+1..], at most k tokens, never past L.
-// The answer: the longest n in [min_n, max_n] that has an occurrence, at its latest e.
+// The answer: the longest n in [min_n, max_n] that has an occurrence, at its latest e (or, with
+// `earliest`, its earliest e).
 
 struct NGramHit {
   int64_t n;    // matched length, 0 when there is no hit
@@ -23,10 +24,10 @@ struct NGramHit {
 
 SPECDEC_HD inline NGramHit no_hit() { return {0, -1}; }
 
-// Longer matches win, then later ones.
-SPECDEC_HD inline NGramHit better_hit(NGramHit a, NGramHit b) {
+// Longer matches win, then later ones (earlier ones with `earliest`).
+SPECDEC_HD inline NGramHit better_hit(NGramHit a, NGramHit b, bool earliest) {
   if (a.n != b.n) return a.n > b.n ? a : b;
-  return a.end >= b.end ? a : b;
+  return (earliest ? a.end <= b.end : a.end >= b.end) ? a : b;
 }
 
 // The longest n an occurrence can have: it needs n <= max_n and an earlier start (n <= L - 1).
@@ -44,18 +45,19 @@ SPECDEC_HD NGramHit hit_at(const I* ctx, int64_t L, int64_t e, int64_t min_n, in
   return n >= min_n && n > 0 ? NGramHit{n, e} : no_hit();
 }
 
-// The best hit among e = L - 2 - first, L - 2 - first - stride, ... (a thread's share of the
-// candidates; the CPU kernel takes them all with first 0, stride 1). Scanning from the latest
-// e, the first hit of the longest possible length is final.
+// The best hit among the i-th candidates, i = first, first + stride, ... (a thread's share; the
+// CPU kernel takes them all with first 0, stride 1), where candidate i is e = L - 2 - i (latest
+// first) or, with `earliest`, e = i (earliest first). In that order the first hit of the
+// longest possible length is final.
 SPECDEC_HD_TEMPLATE
 template <class I>
 SPECDEC_HD NGramHit best_hit_strided(const I* ctx, int64_t L, int64_t min_n, int64_t max_n,
-                                     int64_t first, int64_t stride) {
+                                     bool earliest, int64_t first, int64_t stride) {
   const int64_t cap = max_match_len(L, max_n);
   NGramHit best = no_hit();
   if (cap < min_n || cap < 1) return best;
-  for (int64_t e = L - 2 - first; e >= 0; e -= stride) {
-    best = better_hit(best, hit_at(ctx, L, e, min_n, cap));
+  for (int64_t i = first; i <= L - 2; i += stride) {
+    best = better_hit(best, hit_at(ctx, L, earliest ? i : L - 2 - i, min_n, cap), earliest);
     if (best.n == cap) break;
   }
   return best;

@@ -12,7 +12,8 @@ namespace specdec::cpu {
 namespace {
 
 void ngram_match(const at::Tensor& context, const at::Tensor& context_len, int64_t min_n,
-                 int64_t max_n, const at::Tensor& draft, const at::Tensor& draft_len) {
+                 int64_t max_n, bool earliest, const at::Tensor& draft,
+                 const at::Tensor& draft_len) {
   const auto [B, S, K] = check_ngram_match(context, context_len, min_n, max_n, draft, draft_len);
   const at::Tensor ctx = context.contiguous(), lens = context_len.contiguous();
   // A row costs about S compares: give each task some 32k of them.
@@ -26,7 +27,7 @@ void ngram_match(const at::Tensor& context, const at::Tensor& context_len, int64
       for (int64_t b = begin; b < end; ++b) {
         const index_t* row = c + b * S;
         const int64_t L = core::clamp_len(len[b], S);
-        const core::NGramHit hit = core::best_hit_strided(row, L, min_n, max_n, 0, 1);
+        const core::NGramHit hit = core::best_hit_strided(row, L, min_n, max_n, earliest, 0, 1);
         const int64_t n = core::hit_draft_len(hit, L, K);
         for (int64_t j = 0; j < K; ++j) out[b * K + j] = core::hit_draft_token(row, hit, n, j);
         out_len[b] = static_cast<index_t>(n);

@@ -17,15 +17,16 @@ namespace {
 constexpr int kMatchBlock = 256;
 
 struct BetterHit {
+  bool earliest;
   __device__ core::NGramHit operator()(const core::NGramHit& a, const core::NGramHit& b) const {
-    return core::better_hit(a, b);
+    return core::better_hit(a, b, earliest);
   }
 };
 
 template <class I>
 __global__ void __launch_bounds__(kMatchBlock)
     ngram_match_kernel(const I* context, const I* context_len, int64_t S, int64_t min_n,
-                       int64_t max_n, int64_t K, I* draft, I* draft_len) {
+                       int64_t max_n, bool earliest, int64_t K, I* draft, I* draft_len) {
   using Reduce = cub::BlockReduce<core::NGramHit, kMatchBlock>;
   __shared__ typename Reduce::TempStorage temp;
   __shared__ core::NGramHit best;
@@ -33,8 +34,8 @@ __global__ void __launch_bounds__(kMatchBlock)
   const I* row = context + b * S;
   const int64_t L = core::clamp_len(context_len[b], S);
   const core::NGramHit mine =
-      core::best_hit_strided(row, L, min_n, max_n, threadIdx.x, kMatchBlock);
-  const core::NGramHit hit = Reduce(temp).Reduce(mine, BetterHit{});
+      core::best_hit_strided(row, L, min_n, max_n, earliest, threadIdx.x, kMatchBlock);
+  const core::NGramHit hit = Reduce(temp).Reduce(mine, BetterHit{earliest});
   if (threadIdx.x == 0) best = hit;
   __syncthreads();
   const int64_t n = core::hit_draft_len(best, L, K);
@@ -65,7 +66,8 @@ __global__ void ngram_pool_lookup_kernel(const I* head, const I* entries, const 
 }
 
 void ngram_match(const at::Tensor& context, const at::Tensor& context_len, int64_t min_n,
-                 int64_t max_n, const at::Tensor& draft, const at::Tensor& draft_len) {
+                 int64_t max_n, bool earliest, const at::Tensor& draft,
+                 const at::Tensor& draft_len) {
   const auto [B, S, K] = check_ngram_match(context, context_len, min_n, max_n, draft, draft_len);
   if (B == 0) return;
   const c10::cuda::CUDAGuard guard(context.device());
@@ -73,7 +75,7 @@ void ngram_match(const at::Tensor& context, const at::Tensor& context_len, int64
   const at::Tensor ctx = context.contiguous(), lens = context_len.contiguous();
   AT_DISPATCH_INDEX_TYPES(ctx.scalar_type(), "ngram_match", [&] {
     ngram_match_kernel<<<B, kMatchBlock, 0, stream>>>(
-        ctx.const_data_ptr<index_t>(), lens.const_data_ptr<index_t>(), S, min_n, max_n, K,
+        ctx.const_data_ptr<index_t>(), lens.const_data_ptr<index_t>(), S, min_n, max_n, earliest, K,
         draft.mutable_data_ptr<index_t>(), draft_len.mutable_data_ptr<index_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -303,13 +303,15 @@ def ngram_match(
     min_n: int = 1,
     max_n: int = 3,
     k: int = 10,
+    earliest: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Prompt lookup: draft tokens copied from the context where its suffix occurred before.
 
     For each row, with ``L = context_len[b]``: the longest ``n`` in ``[min_n, max_n]`` for which
     the suffix ``context[b, L-n:L]`` occurs earlier (starting before ``L - n``; the occurrence
     may overlap the suffix), and of its occurrences the most recent one (the latest start
-    ``p``). The draft is its continuation ``context[b, p+n : min(p+n+k, L)]``.
+    ``p``; with ``earliest=True`` the first one, the choice of HF's prompt lookup). The draft is
+    its continuation ``context[b, p+n : min(p+n+k, L)]``.
 
     Args:
         context: ``[B, S]`` token ids (int64 or int32); positions from ``context_len`` on are
@@ -327,6 +329,8 @@ def ngram_match(
         >>> draft, n = ngram_match(ctx, min_n=1, max_n=3, k=3)   # suffix [1, 2]: latest at 5
         >>> draft.tolist(), n.tolist()
         ([[4, 5, 1]], [3])
+        >>> ngram_match(ctx, min_n=1, max_n=3, k=3, earliest=True)[0].tolist()   # at 1
+        [[3, 9, 1]]
     """
     if k < 1:
         raise ValueError(f"specdec.ngram_match: k must be >= 1, got {k}")
@@ -335,7 +339,7 @@ def ngram_match(
         context_len = torch.full((B,), S, dtype=context.dtype, device=context.device)
     draft = context.new_empty((B, k))
     draft_len = context.new_empty((B,))
-    _ops.ngram_match(context, context_len, min_n, max_n, draft=draft, draft_len=draft_len)
+    _ops.ngram_match(context, context_len, min_n, max_n, earliest, draft=draft, draft_len=draft_len)
     return draft, draft_len
 
 
@@ -399,7 +403,7 @@ def ngram_pool_lookup(
 
 
 @torch.library.register_fake("specdec::ngram_match")
-def _(context, context_len, min_n, max_n, *, draft, draft_len):
+def _(context, context_len, min_n, max_n, earliest=False, *, draft, draft_len):
     return None
 
 

@@ -263,9 +263,10 @@ def ngram_match(
     min_n: int = 1,
     max_n: int = 3,
     k: int = 10,
+    earliest: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Brute force: for n from max_n down to min_n, the latest start p < L - n with
-    context[p:p+n] == context[L-n:L]; the draft is context[p+n : min(p+n+k, L)]."""
+    """Brute force: for n from max_n down to min_n, the latest (or earliest) start p < L - n
+    with context[p:p+n] == context[L-n:L]; the draft is context[p+n : min(p+n+k, L)]."""
     B, S = context.shape
     lens = [S] * B if context_len is None else [int(x) for x in context_len]
     drafts, draft_lens = [], []
@@ -275,7 +276,8 @@ def ngram_match(
         draft: list[int] = []
         for n in range(min(max_n, L - 1), min_n - 1, -1):
             suffix = ctx[L - n :]
-            p = next((p for p in range(L - n - 1, -1, -1) if ctx[p : p + n] == suffix), None)
+            starts = range(L - n) if earliest else range(L - n - 1, -1, -1)
+            p = next((p for p in starts if ctx[p : p + n] == suffix), None)
             if p is not None:
                 draft = ctx[p + n : p + n + k]
                 break

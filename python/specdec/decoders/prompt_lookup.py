@@ -81,44 +81,42 @@ class _LookupProposer:
         where they agree. Which of the two continues the text varies (a repeated line vs the
         original being copied); verifying both costs one pass over a few more tokens."""
         m = self.method
-        rows_tokens, rows_parents, proposed = [], [], []
-        for b in range(root.shape[0]):
-            tokens, parents = [int(root[b, 0])], [-1]
-            children: dict[tuple[int, int], int] = {}
-            chains = [draft[b, : int(draft_len[b])].tolist()]
-            chains.append(_earliest_continuation(ctx.tokens[b], int(ctx.lengths[b]), m.min_ngram,
-                                                 m.max_ngram, k))
-            for chain in chains:
-                node = 0
-                for token in chain:
-                    if (node, token) not in children:
-                        children[(node, token)] = len(tokens)
-                        tokens.append(token)
-                        parents.append(node)
-                    node = children[(node, token)]
-            rows_tokens.append(tokens)
-            rows_parents.append(parents)
-            proposed.append(max(len(c) for c in chains))
-        width = max(len(t) for t in rows_tokens)
-        for tokens, parents in zip(rows_tokens, rows_parents):  # padding nodes under the root
-            parents += [0] * (width - len(tokens))
-            tokens += [-1] * (width - len(tokens))
-        device = root.device
-        self.proposed = torch.tensor(proposed, device=device)
-        return Proposal(torch.tensor(rows_tokens, device=device), torch.tensor(rows_parents, device=device))
+        first, first_len = ops.ngram_match(ctx.tokens, ctx.lengths, m.min_ngram, m.max_ngram, k,
+                                           earliest=True)
+        tokens, parents = _merge_chains(root, draft, first, first_len)
+        self.proposed = torch.maximum(draft_len, first_len)
+        return Proposal(tokens, parents)
 
     def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
         has = (self.proposed > 0) & ~ctx.finished
         self.acceptance.observe(accept_len[has].tolist(), self.proposed[has].tolist())
 
 
-def _earliest_continuation(row: Tensor, length: int, min_n: int, max_n: int, k: int) -> list[int]:
-    """Up to k tokens after the EARLIEST occurrence of the longest suffix n-gram of
-    ``row[:length]`` (n from max_n down to min_n) that starts before the suffix itself."""
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        starts = row[: length - 1].unfold(0, n, 1)  # windows starting before length - n
-        hits = torch.nonzero((starts == row[length - n: length]).all(1)).flatten()
-        if hits.numel():
-            start = int(hits[0]) + n
-            return row[start: min(start + k, length)].tolist()
-    return []
+
+def _merge_chains(root: Tensor, a: Tensor, b: Tensor, b_len: Tensor) -> tuple[Tensor, Tensor]:
+    """Tokens and parents [B, T] of the tree with root ``root [B, 1]`` and the two chains
+    ``a``, ``b`` ([B, k], -1 padded) below it, b sharing a's nodes up to where they differ.
+    Nodes are [root, a..., b's own nodes...], padding (-1, under the root) at the end of a row;
+    T is the largest node count of a row (one host sync, to size the pass)."""
+    B, k = a.shape
+    columns = torch.arange(k, device=a.device)
+    same = (a == b) & (columns < b_len[:, None])
+    shared = same.long().cumprod(1).sum(1, keepdim=True)  # b's leading nodes that are a's
+    # b's own node i hangs under a's node `shared` (the root when 0), or under b's node i - 1.
+    b_parent = torch.where(columns == shared, shared, k + columns)
+    b_own = torch.where(columns >= shared, b, -1)
+    tokens = torch.cat([root, a, b_own], 1)
+    parents = torch.cat([torch.full_like(root, -1), columns.expand(B, k), b_parent], 1)
+    # Drop the padding and renumber: a kept node's new index is the count of kept nodes before it.
+    keep = tokens >= 0
+    keep[:, 0] = True
+    index = keep.long().cumsum(1) - 1
+    width = int(keep.sum(1).max())
+    slot = torch.where(keep, index, width)  # dropped nodes go to a spare last column
+    new_parents = torch.where(parents >= 0, torch.gather(index, 1, parents.clamp_min(0)), -1)
+    out_tokens = torch.full((B, width + 1), -1, dtype=tokens.dtype, device=tokens.device)
+    out_parents = torch.zeros((B, width + 1), dtype=parents.dtype, device=parents.device)
+    out_tokens.scatter_(1, slot, tokens)
+    out_parents.scatter_(1, slot, new_parents)
+    out_parents[:, 0] = -1
+    return out_tokens[:, :width], out_parents[:, :width]
