@@ -76,20 +76,11 @@ def _hf_run(model, ids, max_new, **kw):
 
 def main(args: argparse.Namespace) -> None:
     import specdec
-    from specdec import models
-    from specdec.cli import DTYPES, _encode
+    from specdec.cli import _encode, load_models, pad_token_id
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype]
-    target, tok = models.load(args.model, dtype=dtype)
-    if not args.no_accelerate:
-        specdec.accelerate_verification(target)
+    target, tok, draft = load_models(args)
     costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16))
-    draft = models.load(args.draft, dtype=dtype)[0] if args.draft else None
-    if draft is not None and not args.no_accelerate:
-        specdec.accelerate_verification(draft)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad = pad_token_id(tok)
     sets = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS}
     # One short unmeasured run of every method first: the first passes of a process pay for
     # oneDNN's kernel generation and first touches of memory, which would count against

@@ -28,6 +28,27 @@ def _prompt_text(args: argparse.Namespace) -> str:
     return args.prompt
 
 
+def load_models(args: argparse.Namespace):
+    """The target (and the draft, if asked for) in the requested dtype, prepared for cheap
+    verification passes unless --no-accelerate: (target, tokenizer, draft or None)."""
+    import specdec
+    from specdec import models
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    target, tokenizer = models.load(args.model, dtype=dtype)
+    draft = models.load(args.draft, dtype=dtype)[0] if args.draft else None
+    if not args.no_accelerate:
+        for model in (target, draft) if draft is not None else (target,):
+            specdec.accelerate_verification(model)
+    return target, tokenizer, draft
+
+
+def pad_token_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def _encode(tokenizer, text: str, chat: bool) -> torch.Tensor:
     if chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
@@ -40,19 +61,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from transformers import TextStreamer
 
     import specdec
-    from specdec import models
 
     text = _prompt_text(args)  # before any model is loaded
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype]
-    target, tokenizer = models.load(args.model, dtype=dtype)
-    if not args.no_accelerate:
-        specdec.accelerate_verification(target)
-    if args.draft:
-        draft, _ = models.load(args.draft, dtype=dtype)
-        if not args.no_accelerate:
-            specdec.accelerate_verification(draft)
+    target, tokenizer, draft = load_models(args)
+    if draft is not None:
         method = specdec.DraftModel(draft, num_draft_tokens=args.num_draft_tokens, adaptive=True)
     elif args.prompt_lookup:
         method = specdec.PromptLookup(num_draft_tokens=args.num_draft_tokens)
@@ -67,7 +79,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     with torch.inference_mode():
         plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                                 max_new_tokens=args.max_new_tokens, **_hf_sampling(sample),
-                                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+                                pad_token_id=pad_token_id(tokenizer))
     plain_s = time.perf_counter() - start
     plain_new = plain.shape[1] - input_ids.shape[1]
 

@@ -275,10 +275,14 @@ def _emit(ctx: Context, emitted: Tensor, count: Tensor, generated: Tensor, max_n
         streamer.put(emitted[0, : int(n_keep[0])].cpu())
 
 
+def _model_setting(model: torch.nn.Module, name: str):
+    config = getattr(model, "generation_config", None) or model.config
+    return getattr(config, name, None)
+
+
 def _eos_ids(model: torch.nn.Module, eos_token_id, device) -> Tensor:
     if eos_token_id is None:
-        config = getattr(model, "generation_config", None) or model.config
-        eos_token_id = getattr(config, "eos_token_id", None)
+        eos_token_id = _model_setting(model, "eos_token_id")
     if eos_token_id is None:
         eos_token_id = []
     if isinstance(eos_token_id, int):
@@ -288,8 +292,7 @@ def _eos_ids(model: torch.nn.Module, eos_token_id, device) -> Tensor:
 
 def _pad_id(model: torch.nn.Module, pad_token_id, eos: Tensor) -> int:
     if pad_token_id is None:
-        config = getattr(model, "generation_config", None) or model.config
-        pad_token_id = getattr(config, "pad_token_id", None)
+        pad_token_id = _model_setting(model, "pad_token_id")
     if pad_token_id is None:
         pad_token_id = int(eos[0]) if eos.numel() else 0
     return int(pad_token_id)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from specdec.cache import SpecCache
 from specdec.cost_model import AcceptanceEstimate
-from specdec.decoders.base import Context, Proposal, choose
+from specdec.decoders.base import Context, Proposal
 from specdec.tree_forward import prefill
 
 
@@ -76,7 +76,7 @@ class _DraftProposer:
                 probs.append(q)
                 token = torch.multinomial(q, 1, generator=ctx.generator)[:, 0]
             else:
-                token = choose(logits, sampling, None)
+                token = logits.argmax(-1)
             drafts.append(token)
             if i + 1 < self.length:
                 logits = prefill(model, self.cache, token[:, None])
@@ -93,5 +93,6 @@ class _DraftProposer:
     def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
         # Keep only the draft's entries of committed tokens; the new root is fed next step.
         self.cache.rollback(torch.minimum(self.cache.lengths, ctx.lengths - 1))
-        accepted = accept_len[~ctx.finished].tolist()
-        self.acceptance.observe(accepted, [self.length] * len(accepted))
+        if self.method.adaptive:  # the estimate costs a host sync: only when it is used
+            accepted = accept_len[~ctx.finished].tolist()
+            self.acceptance.observe(accepted, [self.length] * len(accepted))

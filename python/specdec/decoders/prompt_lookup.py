@@ -88,6 +88,8 @@ class _LookupProposer:
         return Proposal(tokens, parents)
 
     def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
+        if not self.method.adaptive:  # the estimate costs a host sync: only when it is used
+            return
         has = (self.proposed > 0) & ~ctx.finished
         self.acceptance.observe(accept_len[has].tolist(), self.proposed[has].tolist())
 
