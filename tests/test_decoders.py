@@ -193,7 +193,33 @@ def test_two_chains_merge_into_one_tree():
     root = torch.tensor([[0], [0], [0]])
     a = torch.tensor([[5, 6, 7], [5, 6, -1], [-1, -1, -1]])
     b = torch.tensor([[5, 8, 9], [5, 6, -1], [-1, -1, -1]])
-    tokens, parents = _merge_chains(root, a, b, torch.tensor([3, 2, 0]))
+    tokens, parents = _merge_chains(root, torch.stack([a, b], 1))
     # Row 0: b leaves a after 5: 8 hangs under a's 5 (node 1), 9 under 8. Row 1: b is a.
     assert tokens.tolist() == [[0, 5, 6, 7, 8, 9], [0, 5, 6, -1, -1, -1], [0, -1, -1, -1, -1, -1]]
     assert parents.tolist() == [[-1, 0, 1, 2, 1, 4], [-1, 0, 1, 0, 0, 0], [-1, 0, 0, 0, 0, 0]]
+
+
+def test_a_third_chain_joins_the_branch_it_shares_a_prefix_with():
+    from specdec.decoders.prompt_lookup import _merge_chains
+
+    chains = torch.tensor([[[5, 6, -1], [7, 8, 1], [7, 8, 2]]])
+    tokens, parents = _merge_chains(torch.tensor([[0]]), chains)
+    assert tokens.tolist() == [[0, 5, 6, 7, 8, 1, 2]]
+    # 7 starts a second branch under the root; the third chain's 2 hangs under the second's 8.
+    assert parents.tolist() == [[-1, 0, 1, 0, 3, 4, 4]]
+
+
+def test_prompt_lookup_proposes_the_copy_after_a_substituted_token():
+    from specdec.cost_model import CostModel
+    from specdec.decoders.base import Context
+    from specdec.sampling import Sampling
+
+    # "1 2 3 4 5 6 7 8" was copied as "1 2 9": after the changed token the copy goes on "4 5".
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 9]
+    ctx = Context(torch.tensor([text + [0] * 5]), torch.tensor([len(text)]),
+                  torch.zeros(1, dtype=torch.bool), Sampling(False), None, CostModel())
+    method = specdec.PromptLookup(adaptive=False, num_draft_tokens=4, side_tokens=3)
+    proposal = method.start(None, ctx, ctx.tokens, ctx.lengths, 32).propose(ctx)
+    tokens, parents = proposal.tokens[0].tolist(), proposal.parents[0].tolist()
+    # Token 9 never occurred before: the only candidates are the substitution branch's.
+    assert tokens == [9, 4, 5, 6] and parents == [-1, 0, 1, 2]

@@ -92,6 +92,21 @@ def test_tree_logits_equal_path_logits(device, name):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_keep_selects_the_logits_of_some_nodes(device):
+    _, model = build("qwen2", device)
+    gen = torch.Generator().manual_seed(5)
+    tree = torch.randint(0, 101, (2, 7), generator=gen).to(device)
+    parents = random_tree(2, 7, gen).to(device)
+    keep = torch.tensor([0, 3, 6], device=device)
+    with torch.no_grad():
+        cache = SpecCache(model.config, 2, 32, device=device)
+        full = tree_forward(model, cache, tree, parents)
+        some = tree_forward(model, cache, tree, parents, keep=keep)
+    assert some.shape == (2, 3, 101)
+    torch.testing.assert_close(some, full[:, keep], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_errors(device):
     plain, model = build("llama", device)
     cache = SpecCache(model.config, 1, 16, device=device)

@@ -45,8 +45,9 @@ class CostModel:
         t = (k - lo) / (hi - lo)
         return (1 - t) * self.target_ms[lo] + t * self.target_ms[hi]
 
-    def best_length(self, acceptance: AcceptanceEstimate, max_len: int) -> int:
-        """Number of chain candidates (0..max_len) maximising the expected emitted tokens per ms.
+    def best_length(self, acceptance: AcceptanceEstimate, max_len: int, extra_nodes: int = 0) -> int:
+        """Number of chain candidates (0..max_len) maximising the expected emitted tokens per ms;
+        ``extra_nodes`` more tree nodes (side branches) ride along whenever the chain is not empty.
 
         Example:
             >>> likely = AcceptanceEstimate(prior=0.8)
@@ -57,9 +58,26 @@ class CostModel:
         """
 
         def rate(g: int) -> float:
-            return acceptance.expected(g) / (g * self.draft_ms_per_token + self.target(g + 1))
+            nodes = 1 + g + (extra_nodes if g else 0)
+            return acceptance.expected(g) / (g * self.draft_ms_per_token + self.target(nodes))
 
         return max(range(max_len + 1), key=rate)
+
+    def extend_pays(self, drafted: int, expected: float, gain: float) -> bool:
+        """Whether drafting one more candidate raises the expected emitted tokens per ms, when
+        ``drafted`` candidates are expected to emit ``expected`` tokens and the next one would
+        add ``gain`` (the probability that it and every candidate before it are accepted).
+
+        Example:
+            >>> costs = CostModel({1: 100.0, 8: 100.0}, draft_ms_per_token=10.0)
+            >>> costs.extend_pays(3, expected=3.4, gain=0.6), costs.extend_pays(3, 3.4, gain=0.2)
+            (True, False)
+        """
+
+        def ms(g: int) -> float:
+            return g * self.draft_ms_per_token + self.target(g + 1)
+
+        return (expected + gain) / ms(drafted + 1) > expected / ms(drafted)
 
 
 @dataclass

@@ -108,6 +108,7 @@ def tree_forward(
     cache: SpecCache,
     tree_tokens: Tensor,
     parents: Tensor | None = None,
+    keep: Tensor | None = None,
 ) -> Tensor:
     """Logits of every node of a token tree per row, in one forward pass.
 
@@ -119,9 +120,12 @@ def tree_forward(
             token, whose key/value are not cached yet).
         parents: ``[B, T]`` the trees (see :func:`specdec.ops.build_tree`), or ``None`` for a
             chain of T tokens (causal; a prefill).
+        keep: ``[K]`` sorted node indices whose logits are wanted (default: all). The LM head
+            then runs on those K positions only (``logits_to_keep``), which matters for prompts.
 
     Returns:
-        ``[B, T, V]`` logits: the model's next-token logits after each node.
+        ``[B, T, V]`` logits (``[B, K, V]`` with ``keep``): the model's next-token logits after
+        each node.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -160,14 +164,20 @@ def tree_forward(
     else:
         mask, depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
     position_ids = lengths[:, None] + depth.to(lengths.dtype)
+    kwargs = {_cache_kwarg(model): cache}
+    head_subset = keep is not None and "logits_to_keep" in inspect.signature(model.forward).parameters
+    if head_subset:
+        kwargs["logits_to_keep"] = keep
     out = model(
         input_ids=tree_tokens,
         position_ids=position_ids,
         use_cache=True,
         specdec_prefix_len=lengths,
         specdec_tree_mask=mask,
-        **{_cache_kwarg(model): cache},
+        **kwargs,
     )
+    if keep is not None and not head_subset:
+        return out.logits[:, keep]
     return out.logits
 
 
@@ -186,7 +196,9 @@ def prefill(
     B, N = tokens.shape
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=tokens.device)
-    logits = tree_forward(model, cache, tokens)
+    last = (lengths.to(torch.int64) - 1).clamp_min(0).to(tokens.device)
+    # The LM head runs only where some row's prompt ends, not over every prompt token.
+    columns = torch.unique(last)
+    logits = tree_forward(model, cache, tokens, keep=columns)
     cache.advance(lengths)
-    last = (lengths.to(torch.int64) - 1).clamp_min(0).to(logits.device)
-    return logits[torch.arange(B, device=logits.device), last]
+    return logits[torch.arange(B, device=logits.device), torch.searchsorted(columns, last)]

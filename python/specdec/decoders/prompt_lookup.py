@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -14,10 +15,18 @@ from specdec.decoders.base import Context, Proposal
 
 @dataclass
 class PromptLookup:
-    """Propose the continuation of the most recent earlier occurrence of the context's longest
-    suffix n-gram (``max_ngram`` down to ``min_ngram`` tokens), up to ``num_draft_tokens``
-    tokens. With ``adaptive=True`` (default) fewer are verified when the recent acceptance and
-    the measured pass costs say a longer pass does not pay.
+    """Propose what followed earlier occurrences of the context's longest suffix n-gram
+    (``max_ngram`` down to ``min_ngram`` tokens), as one tree verified in one pass:
+
+    - the continuation of the EARLIEST occurrence (the original being copied; HF's choice):
+      ``num_draft_tokens`` tokens, or with ``adaptive=True`` (default) as many as the recent
+      acceptance and the measured pass costs say pay, up to ``max_draft_tokens``;
+    - the first ``side_tokens`` of the MOST RECENT occurrence's continuation (a repeated line);
+    - the first ``side_tokens`` of a substitution match: the suffix without its last token
+      matched, and what followed the token after it (the copy goes on after one changed token,
+      such as a renamed identifier).
+
+    Branches share their common prefixes; ``side_tokens=0`` verifies the first chain alone.
 
     Example (``model`` a Hugging Face causal LM)::
 
@@ -28,17 +37,27 @@ class PromptLookup:
     min_ngram: int = 1
     num_draft_tokens: int = 10
     adaptive: bool = True
-    earliest_branch: bool = True  # also the EARLIEST occurrence's continuation, as a 2nd branch
+    max_draft_tokens: int = 32
+    side_tokens: int = 4
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.adaptive and self.max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
+        if self.side_tokens < 0:
+            raise ValueError(f"side_tokens must be >= 0, got {self.side_tokens}")
+
+    @property
+    def chain_limit(self) -> int:
+        """Most candidates of the first chain."""
+        return self.max_draft_tokens if self.adaptive else self.num_draft_tokens
 
     @property
     def max_candidates(self) -> int:
-        return 1 + self.num_draft_tokens * (2 if self.earliest_branch else 1)
+        return 1 + self.chain_limit + 2 * self.side_tokens
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
@@ -57,34 +76,26 @@ class _LookupProposer:
 
     def propose(self, ctx: Context) -> Proposal:
         m = self.method
-        k = m.num_draft_tokens
+        k = m.chain_limit
         self.steps += 1
         if m.adaptive:
             # When no candidate pays, still try one now and then so the estimate can recover.
-            k = ctx.costs.best_length(self.acceptance, k) or int(self.steps % 8 == 0)
+            k = ctx.costs.best_length(self.acceptance, k, 2 * m.side_tokens) or int(self.steps % 8 == 0)
         root = torch.gather(ctx.tokens, 1, (ctx.lengths - 1)[:, None])
         if k == 0:
             self.proposed = torch.zeros_like(ctx.lengths)
             return Proposal(root, torch.full_like(root, -1))
-        draft, draft_len = ops.ngram_match(ctx.tokens, ctx.lengths, m.min_ngram, m.max_ngram, k)
-        if m.earliest_branch:
-            return self._two_branches(ctx, root, draft, draft_len, k)
-        width = int(draft_len.max())  # trim to the longest match: no pass over pure padding
-        self.proposed = draft_len
-        tokens = torch.cat([root, draft[:, :width]], 1)
-        parents = torch.arange(-1, width, device=tokens.device).expand_as(tokens)
-        return Proposal(tokens, parents)
-
-    def _two_branches(self, ctx: Context, root: Tensor, draft: Tensor, draft_len: Tensor,
-                      k: int) -> Proposal:
-        """A tree per row: the latest occurrence's continuation and the earliest one's, merged
-        where they agree. Which of the two continues the text varies (a repeated line vs the
-        original being copied); verifying both costs one pass over a few more tokens."""
-        m = self.method
-        first, first_len = ops.ngram_match(ctx.tokens, ctx.lengths, m.min_ngram, m.max_ngram, k,
-                                           earliest=True)
-        tokens, parents = _merge_chains(root, draft, first, first_len)
-        self.proposed = torch.maximum(draft_len, first_len)
+        match = functools.partial(ops.ngram_match, min_n=m.min_ngram, max_n=m.max_ngram)
+        chains = [match(ctx.tokens, ctx.lengths, k=k, earliest=True)[0]]
+        side = min(m.side_tokens, k)
+        if side:
+            chains.append(match(ctx.tokens, ctx.lengths, k=side)[0])
+            # Matched without the last token: skip the token that followed the occurrence.
+            shifted = match(ctx.tokens, (ctx.lengths - 1).clamp_min(0), k=side + 1)[0][:, 1:]
+            chains.append(shifted)
+        chains = torch.stack([torch.nn.functional.pad(c, (0, k - c.shape[1]), value=-1) for c in chains], 1)
+        self.proposed = (chains >= 0).sum(2).amax(1)
+        tokens, parents = _merge_chains(root, chains)
         return Proposal(tokens, parents)
 
     def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
@@ -94,21 +105,23 @@ class _LookupProposer:
         self.acceptance.observe(accept_len[has].tolist(), self.proposed[has].tolist())
 
 
-
-def _merge_chains(root: Tensor, a: Tensor, b: Tensor, b_len: Tensor) -> tuple[Tensor, Tensor]:
-    """Tokens and parents [B, T] of the tree with root ``root [B, 1]`` and the two chains
-    ``a``, ``b`` ([B, k], -1 padded) below it, b sharing a's nodes up to where they differ.
-    Nodes are [root, a..., b's own nodes...], padding (-1, under the root) at the end of a row;
-    T is the largest node count of a row (one host sync, to size the pass)."""
-    B, k = a.shape
-    columns = torch.arange(k, device=a.device)
-    same = (a == b) & (columns < b_len[:, None])
-    shared = same.long().cumprod(1).sum(1, keepdim=True)  # b's leading nodes that are a's
-    # b's own node i hangs under a's node `shared` (the root when 0), or under b's node i - 1.
-    b_parent = torch.where(columns == shared, shared, k + columns)
-    b_own = torch.where(columns >= shared, b, -1)
-    tokens = torch.cat([root, a, b_own], 1)
-    parents = torch.cat([torch.full_like(root, -1), columns.expand(B, k), b_parent], 1)
+def _merge_chains(root: Tensor, chains: Tensor) -> tuple[Tensor, Tensor]:
+    """Tokens and parents [B, T] of the tree with root ``root [B, 1]`` and the chains
+    ``chains [B, M, k]`` (-1 padded) below it, merged where they share a prefix: a node belongs
+    to the first chain with its prefix. Nodes are [root, chain 0's, chain 1's own, ...], padding
+    (-1, under the root) at the end of a row; T is the largest node count of a row (one host
+    sync, to size the pass)."""
+    B, M, k = chains.shape
+    valid = chains >= 0
+    # same[b, m, n, i]: chains m and n agree on their first i + 1 tokens.
+    same = ((chains[:, :, None] == chains[:, None]) & valid[:, :, None]).long().cumprod(3)
+    owner = same.argmax(2)  # the first such chain (argmax returns the first maximum)
+    own = valid & (owner == torch.arange(M, device=chains.device)[:, None])
+    columns = torch.arange(k, device=chains.device)
+    # Node (m, i) sits at 1 + m * k + i; its parent is node (owner of (m, i - 1), i - 1), or the root.
+    parent = torch.cat([torch.zeros_like(owner[..., :1]), 1 + owner[..., :-1] * k + columns[:-1]], 2)
+    tokens = torch.cat([root, torch.where(own, chains, -1).reshape(B, M * k)], 1)
+    parents = torch.cat([torch.full_like(root, -1), parent.reshape(B, M * k)], 1)
     # Drop the padding and renumber: a kept node's new index is the count of kept nodes before it.
     keep = tokens >= 0
     keep[:, 0] = True
