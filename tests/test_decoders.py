@@ -99,10 +99,12 @@ def test_prompt_lookup_greedy_identity(family):
     assert out.stats.total_accepted > 0  # the repetitive output gets matched
 
 
-def test_sampling_follows_the_target_distribution():
+@pytest.mark.parametrize("options", [{}, {"adaptive": True, "head_tokens": 8}])
+def test_sampling_follows_the_target_distribution(options):
     # 4000 rows of one prompt, two new tokens each, with a partly agreeing draft: the first
     # token's distribution and the second's given the most frequent first tokens must match
-    # the target's own, as transformers' warpers define it (TV < 3 / sqrt(n)).
+    # the target's own, as transformers' warpers define it (TV < 3 / sqrt(n)). With a reduced
+    # draft head (ids 0-7 and the prompt's), the target still draws tokens the draft never can.
     vocab, N = 16, 4000
     target = tiny_lm("llama", seed=4, vocab=vocab, init=0.6)
     draft = perturbed(target, 0.5, seed=9)
@@ -111,7 +113,7 @@ def test_sampling_follows_the_target_distribution():
     prompt = torch.tensor([[0, 5, 7, 3]])
     gen = torch.Generator().manual_seed(0)
     out = specdec.generate(target, prompt.expand(N, 4), max_new_tokens=2, do_sample=True, **settings,
-                           method=specdec.DraftModel(draft, 3), generator=gen, eos_token_id=[])
+                           method=specdec.DraftModel(draft, 3, **options), generator=gen, eos_token_id=[])
     first, second = out.sequences[:, 4], out.sequences[:, 5]
 
     def exact(prefix):
@@ -129,6 +131,25 @@ def test_sampling_follows_the_target_distribution():
         rows = first == x
         p2 = exact(torch.cat([prompt, torch.tensor([[x]])], 1))
         assert tv(second[rows], p2) < 3 / int(rows.sum()) ** 0.5
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_reduced_draft_head_greedy_identity(family):
+    target = tiny_lm(family, seed=5)
+    method = specdec.DraftModel(perturbed(target, 0.05, 4), 4, adaptive=True, head_tokens=40)
+    out = assert_greedy_identity(target, PROMPTS, method)
+    assert out.stats.total_accepted > 0
+
+
+def test_reduced_draft_head_scores_the_lowest_ids():
+    draft = tiny_lm("llama", seed=1)
+    method = specdec.DraftModel(draft, head_tokens=5)
+    hidden = torch.randn(2, 1, 64)
+    want = draft.lm_head(hidden)[..., :5]
+    torch.testing.assert_close(method.reduced_head()(hidden), want)
+    assert method.reduced_head() is method.reduced_head()  # made once
+    specdec.accelerate_verification(draft)  # the prepared head keeps only its packed weight
+    torch.testing.assert_close(method.reduced_head()(hidden), want, rtol=1e-5, atol=1e-6)
 
 
 def test_sampling_is_reproducible_with_a_generator():
@@ -149,6 +170,10 @@ def test_bad_arguments():
         specdec.generate(target, torch.tensor([[1, 2]]), do_sample=True, temperature=0.0)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         specdec.DraftModel(target, num_draft_tokens=0)
+    with pytest.raises(ValueError, match="head_tokens"):
+        specdec.DraftModel(target, head_tokens=0)
+    with pytest.raises(ValueError, match="side_tokens"):
+        specdec.PromptLookup(side_tokens=-1)
     with pytest.raises(ValueError, match="min_ngram"):
         specdec.PromptLookup(max_ngram=1, min_ngram=2)
 

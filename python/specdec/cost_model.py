@@ -45,9 +45,8 @@ class CostModel:
         t = (k - lo) / (hi - lo)
         return (1 - t) * self.target_ms[lo] + t * self.target_ms[hi]
 
-    def best_length(self, acceptance: AcceptanceEstimate, max_len: int, extra_nodes: int = 0) -> int:
-        """Number of chain candidates (0..max_len) maximising the expected emitted tokens per ms;
-        ``extra_nodes`` more tree nodes (side branches) ride along whenever the chain is not empty.
+    def best_length(self, acceptance: AcceptanceEstimate, max_len: int) -> int:
+        """Number of chain candidates (0..max_len) maximising the expected emitted tokens per ms.
 
         Example:
             >>> likely = AcceptanceEstimate(prior=0.8)
@@ -58,8 +57,7 @@ class CostModel:
         """
 
         def rate(g: int) -> float:
-            nodes = 1 + g + (extra_nodes if g else 0)
-            return acceptance.expected(g) / (g * self.draft_ms_per_token + self.target(nodes))
+            return acceptance.expected(g) / (g * self.draft_ms_per_token + self.target(g + 1))
 
         return max(range(max_len + 1), key=rate)
 

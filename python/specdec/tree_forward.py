@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -109,6 +109,7 @@ def tree_forward(
     tree_tokens: Tensor,
     parents: Tensor | None = None,
     keep: Tensor | None = None,
+    head: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Logits of every node of a token tree per row, in one forward pass.
 
@@ -122,6 +123,9 @@ def tree_forward(
             chain of T tokens (causal; a prefill).
         keep: ``[K]`` sorted node indices whose logits are wanted (default: all). The LM head
             then runs on those K positions only (``logits_to_keep``), which matters for prompts.
+        head: scores the decoder's last hidden states ``[B, K, H]`` in place of the model's own
+            LM head (e.g. over part of the vocabulary: a draft's reduced head). The model's
+            ``get_decoder()`` runs alone; logit scaling or soft-capping of the model is skipped.
 
     Returns:
         ``[B, T, V]`` logits (``[B, K, V]`` with ``keep``): the model's next-token logits after
@@ -164,32 +168,33 @@ def tree_forward(
     else:
         mask, depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
     position_ids = lengths[:, None] + depth.to(lengths.dtype)
+    inputs = dict(input_ids=tree_tokens, position_ids=position_ids, use_cache=True,
+                  specdec_prefix_len=lengths, specdec_tree_mask=mask)
+    if head is not None:
+        decoder = model.get_decoder()
+        hidden = decoder(**inputs, **{_cache_kwarg(decoder): cache}).last_hidden_state
+        return head(hidden if keep is None else hidden[:, keep])
     kwargs = {_cache_kwarg(model): cache}
     head_subset = keep is not None and "logits_to_keep" in inspect.signature(model.forward).parameters
     if head_subset:
         kwargs["logits_to_keep"] = keep
-    out = model(
-        input_ids=tree_tokens,
-        position_ids=position_ids,
-        use_cache=True,
-        specdec_prefix_len=lengths,
-        specdec_tree_mask=mask,
-        **kwargs,
-    )
-    if keep is not None and not head_subset:
-        return out.logits[:, keep]
-    return out.logits
+    logits = model(**inputs, **kwargs).logits
+    return logits[:, keep] if keep is not None and not head_subset else logits
 
 
 @torch.no_grad()
 def prefill(
-    model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor | None = None
+    model: PreTrainedModel,
+    cache: SpecCache,
+    tokens: Tensor,
+    lengths: Tensor | None = None,
+    head: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
     commits them; returns the logits after every prompt's last token, ``[B, V]``.
 
     Args:
-        model, cache: as in :func:`tree_forward`.
+        model, cache, head: as in :func:`tree_forward`.
         tokens: ``[B, N]`` prompts, right-padded with any token id.
         lengths: ``[B]`` prompt lengths (default: all N).
     """
@@ -199,6 +204,6 @@ def prefill(
     last = (lengths.to(torch.int64) - 1).clamp_min(0).to(tokens.device)
     # The LM head runs only where some row's prompt ends, not over every prompt token.
     columns = torch.unique(last)
-    logits = tree_forward(model, cache, tokens, keep=columns)
+    logits = tree_forward(model, cache, tokens, keep=columns, head=head)
     cache.advance(lengths)
     return logits[torch.arange(B, device=logits.device), torch.searchsorted(columns, last)]

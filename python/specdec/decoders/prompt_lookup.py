@@ -6,6 +6,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from specdec import ops
@@ -70,9 +71,12 @@ class PromptLookup:
 class _LookupProposer:
     def __init__(self, method: PromptLookup) -> None:
         self.method = method
-        self.acceptance = AcceptanceEstimate(prior=0.5)
-        self.proposed = torch.zeros(0)
+        self.acceptance = AcceptanceEstimate(prior=0.5)  # of the first chain, per position
+        self.side_gain = 0.5  # running mean of the tokens per step the side branches added
         self.steps = 0
+        self.main: Tensor | None = None  # this step's first chain [B, k]
+        self.start = torch.zeros(0)      # committed lengths when it was proposed
+        self.sides = False
 
     def propose(self, ctx: Context) -> Proposal:
         m = self.method
@@ -80,29 +84,49 @@ class _LookupProposer:
         self.steps += 1
         if m.adaptive:
             # When no candidate pays, still try one now and then so the estimate can recover.
-            k = ctx.costs.best_length(self.acceptance, k, 2 * m.side_tokens) or int(self.steps % 8 == 0)
+            k = ctx.costs.best_length(self.acceptance, k) or int(self.steps % 8 == 0)
         root = torch.gather(ctx.tokens, 1, (ctx.lengths - 1)[:, None])
+        self.main = None
         if k == 0:
-            self.proposed = torch.zeros_like(ctx.lengths)
             return Proposal(root, torch.full_like(root, -1))
         match = functools.partial(ops.ngram_match, min_n=m.min_ngram, max_n=m.max_ngram)
-        chains = [match(ctx.tokens, ctx.lengths, k=k, earliest=True)[0]]
+        self.main, self.start = match(ctx.tokens, ctx.lengths, k=k, earliest=True)[0], ctx.lengths.clone()
+        chains = [self.main]
         side = min(m.side_tokens, k)
-        if side:
+        self.sides = side > 0 and self._sides_pay(ctx, k, side)
+        if self.sides:
             chains.append(match(ctx.tokens, ctx.lengths, k=side)[0])
             # Matched without the last token: skip the token that followed the occurrence.
-            shifted = match(ctx.tokens, (ctx.lengths - 1).clamp_min(0), k=side + 1)[0][:, 1:]
-            chains.append(shifted)
-        chains = torch.stack([torch.nn.functional.pad(c, (0, k - c.shape[1]), value=-1) for c in chains], 1)
-        self.proposed = (chains >= 0).sum(2).amax(1)
+            chains.append(match(ctx.tokens, (ctx.lengths - 1).clamp_min(0), k=side + 1)[0][:, 1:])
+        chains = torch.stack([F.pad(c, (0, k - c.shape[1]), value=-1) for c in chains], 1)
         tokens, parents = _merge_chains(root, chains)
         return Proposal(tokens, parents)
 
+    def _sides_pay(self, ctx: Context, k: int, side: int) -> bool:
+        """Whether the side branches' expected extra tokens are worth their share of the pass
+        (always when not adaptive; every 8th step regardless, so the estimate stays current)."""
+        if not self.method.adaptive or self.steps % 8 == 0:
+            return True
+        expected = self.acceptance.expected(k)
+        with_sides = (expected + self.side_gain) / ctx.costs.target(1 + k + 2 * side)
+        return with_sides > expected / ctx.costs.target(1 + k)
+
     def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
-        if not self.method.adaptive:  # the estimate costs a host sync: only when it is used
+        # The estimates cost a host sync: only when they are used.
+        if not self.method.adaptive or self.main is None:
             return
-        has = (self.proposed > 0) & ~ctx.finished
-        self.acceptance.observe(accept_len[has].tolist(), self.proposed[has].tolist())
+        k = self.main.shape[1]
+        columns = torch.arange(k, device=self.main.device)
+        committed = torch.gather(ctx.tokens, 1, (self.start[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1))
+        # How far the first chain alone would have been accepted, and what the sides added.
+        main_accepted = ((self.main == committed) & (columns < accept_len[:, None])).long().cumprod(1).sum(1)
+        main_len = (self.main >= 0).sum(1)
+        live = ~ctx.finished
+        has = live & (main_len > 0)
+        self.acceptance.observe(main_accepted[has].tolist(), main_len[has].tolist())
+        if self.sides and bool(live.any()):
+            gain = float((accept_len - main_accepted)[live].float().mean())
+            self.side_gain = 0.8 * self.side_gain + 0.2 * gain
 
 
 def _merge_chains(root: Tensor, chains: Tensor) -> tuple[Tensor, Tensor]:
