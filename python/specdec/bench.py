@@ -85,12 +85,19 @@ def main(args: argparse.Namespace) -> None:
     # One short unmeasured run of every method first: the first passes of a process pay for
     # oneDNN's kernel generation and first touches of memory, which would count against
     # whichever method ran first.
+    hf = {"hf_prompt_lookup": dict(prompt_lookup_num_tokens=10)}
+    ours = {"specdec_prompt_lookup": specdec.PromptLookup()}
+    if draft is not None:
+        hf["hf_assisted"] = dict(assistant_model=draft)
+        ours["specdec_draft"] = specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True)
+        if args.draft_head_tokens:
+            ours[f"specdec_draft_head{args.draft_head_tokens}"] = specdec.DraftModel(
+                draft, num_draft_tokens=8, adaptive=True, head_tokens=args.draft_head_tokens)
     warm = _encode(tok, EDITING_PROMPTS[0], chat=True)
     _hf_run(target, warm, 8, pad_token_id=pad)
-    _hf_run(target, warm, 8, pad_token_id=pad, prompt_lookup_num_tokens=10)
-    if draft is not None:
-        _hf_run(target, warm, 8, pad_token_id=pad, assistant_model=draft)
-    for method in [specdec.PromptLookup()] + ([specdec.DraftModel(draft, 8)] if draft is not None else []):
+    for kw in hf.values():
+        _hf_run(target, warm, 8, pad_token_id=pad, **kw)
+    for method in ours.values():  # also makes a reduced draft head, once
         specdec.generate(target, warm, max_new_tokens=8, method=method, pad_token_id=pad)
     runs: list[Run] = []
     for set_name, prompts in sets.items():
@@ -98,11 +105,6 @@ def main(args: argparse.Namespace) -> None:
             ids = _encode(tok, text, chat=True)
             plain, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad)
             runs.append(Run(set_name, i, "plain", len(plain), secs, len(plain) / secs, True))
-            hf = {"hf_prompt_lookup": dict(prompt_lookup_num_tokens=10)}
-            ours = {"specdec_prompt_lookup": specdec.PromptLookup()}
-            if draft is not None:
-                hf["hf_assisted"] = dict(assistant_model=draft)
-                ours["specdec_draft"] = specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True)
             for name, kw in hf.items():
                 out, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad, **kw)
                 runs.append(Run(set_name, i, name, len(out), secs, len(out) / secs,

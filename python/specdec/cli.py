@@ -65,7 +65,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     text = _prompt_text(args)  # before any model is loaded
     target, tokenizer, draft = load_models(args)
     if draft is not None:
-        method = specdec.DraftModel(draft, num_draft_tokens=args.num_draft_tokens, adaptive=True)
+        method = specdec.DraftModel(draft, num_draft_tokens=args.num_draft_tokens, adaptive=True,
+                                    head_tokens=args.draft_head_tokens)
     elif args.prompt_lookup:
         method = specdec.PromptLookup(num_draft_tokens=args.num_draft_tokens)
     else:
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--num-draft-tokens", type=int, default=8)
+    g.add_argument("--draft-head-tokens", type=int, default=None,
+                   help="the draft scores only token ids below N (DraftModel(head_tokens=N))")
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     _add_model_args(b)
     b.add_argument("--draft", help="draft model for DraftModel and HF assisted generation")
     b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--draft-head-tokens", type=int, default=65536,
+                   help="also run DraftModel(head_tokens=N); 0 leaves that run out")
     b.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
     b.add_argument("--out", default="bench/results", help="folder for the JSON, markdown and PNG")
     b.set_defaults(func=cmd_bench)
