@@ -24,3 +24,20 @@ def test_generate_with_prompt_lookup_reports_and_matches_the_target(capsys):
     out = capsys.readouterr().out
     assert "speed-up:" in out and "acceptance rate:" in out and "mean accepted length" in out
     assert "identical to the target alone: yes" in out
+
+
+@pytest.mark.real_model
+def test_bench_writes_a_table_json_and_plot(tmp_path):
+    import json
+
+    cli.main(["bench", "--model", "smollm2-135m", "--draft", "smollm2-135m", "--prompts", "1",
+              "--max-new-tokens", "6", "--draft-head-tokens", "20000", "--out", str(tmp_path)])
+    stem = "bench_smollm2-135m_float32"
+    record = json.loads((tmp_path / f"{stem}.json").read_text())
+    methods = {"plain", "hf_prompt_lookup", "hf_assisted", "specdec_prompt_lookup", "specdec_draft",
+               "specdec_draft_head20000"}
+    assert {r["method"] for r in record["runs"]} == methods
+    assert len(record["runs"]) == 2 * len(methods)  # one prompt of each set
+    assert all(r["new_tokens"] == 6 and r["identical_to_plain"] for r in record["runs"])
+    assert "| editing | specdec_draft |" in (tmp_path / f"{stem}.md").read_text()
+    assert (tmp_path / f"{stem}.png").stat().st_size > 0

@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> None:
     from specdec.cli import _encode, load_models, pad_token_id
 
     target, tok, draft = load_models(args)
-    costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16))
+    costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16, 32))
     pad = pad_token_id(tok)
     sets = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS}
     # One short unmeasured run of every method first: the first passes of a process pay for
@@ -103,20 +103,25 @@ def main(args: argparse.Namespace) -> None:
     for set_name, prompts in sets.items():
         for i, text in enumerate(prompts[: args.prompts]):
             ids = _encode(tok, text, chat=True)
-            plain, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad)
-            runs.append(Run(set_name, i, "plain", len(plain), secs, len(plain) / secs, True))
-            for name, kw in hf.items():
-                out, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad, **kw)
-                runs.append(Run(set_name, i, name, len(out), secs, len(out) / secs,
-                                torch.equal(out, plain)))
-            for name, method in ours.items():
-                res = specdec.generate(target, ids, max_new_tokens=args.max_new_tokens, method=method,
-                                       pad_token_id=pad, pass_costs=costs)
-                st = res.stats
-                out = res.sequences[0, ids.shape[1]: ids.shape[1] + st.new_tokens]
-                runs.append(Run(set_name, i, name, st.new_tokens, st.wall_time_s, st.tokens_per_second,
-                                torch.equal(out, plain), st.target_forwards,
-                                st.new_tokens / st.target_forwards, st.acceptance_rate))
+            reference = None
+            for _ in range(args.repeats):  # methods interleaved: slow phases of the VM hit all
+                plain, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad)
+                reference = plain if reference is None else reference
+                runs.append(Run(set_name, i, "plain", len(plain), secs, len(plain) / secs,
+                                torch.equal(plain, reference)))
+                for name, kw in hf.items():
+                    out, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad, **kw)
+                    runs.append(Run(set_name, i, name, len(out), secs, len(out) / secs,
+                                    torch.equal(out, reference)))
+                for name, method in ours.items():
+                    res = specdec.generate(target, ids, max_new_tokens=args.max_new_tokens,
+                                           method=method, pad_token_id=pad, pass_costs=costs)
+                    st = res.stats
+                    out = res.sequences[0, ids.shape[1]: ids.shape[1] + st.new_tokens]
+                    runs.append(Run(set_name, i, name, st.new_tokens, st.wall_time_s,
+                                    st.tokens_per_second, torch.equal(out, reference),
+                                    st.target_forwards, st.new_tokens / st.target_forwards,
+                                    st.acceptance_rate))
             print(_table([r for r in runs if r.prompt_set == set_name and r.prompt == i]), flush=True)
     _write(args, runs, costs)
 
@@ -156,6 +161,7 @@ def _write(args: argparse.Namespace, runs: list[Run], costs: dict[int, float]) -
     stem = f"bench_{Path(args.model).name}_{args.dtype}" + ("_unprepared" if args.no_accelerate else "")
     meta = {"model": args.model, "draft": args.draft, "dtype": args.dtype,
             "accelerated": not args.no_accelerate, "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats,
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
             "pass_costs_ms": costs}
     (out / f"{stem}.json").write_text(json.dumps(

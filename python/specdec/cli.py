@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--draft-head-tokens", type=int, default=65536,
                    help="also run DraftModel(head_tokens=N); 0 leaves that run out")
     b.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
+    b.add_argument("--repeats", type=int, default=1, help="runs of every method per prompt (interleaved)")
     b.add_argument("--out", default="bench/results", help="folder for the JSON, markdown and PNG")
     b.set_defaults(func=cmd_bench)
 
