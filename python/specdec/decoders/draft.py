@@ -18,7 +18,7 @@ from specdec.tree_forward import prefill
 @dataclass
 class DraftModel:
     """Propose ``num_draft_tokens`` tokens per step with a smaller model sharing the target's
-    tokenizer. With ``adaptive=True`` the draft decides token by token (up to
+    tokenizer. With ``adaptive=True`` the draft instead decides token by token (up to
     ``max_draft_tokens``): it stops when, from its confidence in the tokens drafted so far and
     the measured draft and target pass costs, one more token is not expected to raise the
     emitted tokens per unit of time (`CostModel.extend_pays`).
@@ -31,7 +31,7 @@ class DraftModel:
 
     Example (``draft`` and ``target`` are Hugging Face causal LMs)::
 
-        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, 5, adaptive=True))
+        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True))
     """
 
     model: torch.nn.Module
@@ -51,8 +51,7 @@ class DraftModel:
 
     @property
     def max_candidates(self) -> int:
-        return 1 + (max(self.max_draft_tokens, self.num_draft_tokens) if self.adaptive
-                    else self.num_draft_tokens)
+        return 1 + (self.max_draft_tokens if self.adaptive else self.num_draft_tokens)
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
