@@ -18,5 +18,5 @@ py="$venv/bin/python"
 if command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi
-"$py" -m pip install --no-build-isolation ".[test,hf]"
+"$py" -m pip install --no-build-isolation ".[test,hf,bench]"
 "$py" -c "import specdec; print(specdec.build_info())"

@@ -75,6 +75,10 @@ def _hf_run(model, ids, max_new, **kw):
 
 
 def main(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # before the long runs, not after
+        raise SystemExit("specdec bench: the plot needs matplotlib: pip install 'specdec[bench]'")
     import specdec
     from specdec.cli import _encode, load_models, pad_token_id
 
