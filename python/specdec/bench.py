@@ -163,7 +163,10 @@ def _write(args: argparse.Namespace, runs: list[Run], costs: dict[int, float]) -
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"bench_{Path(args.model).name}_{args.dtype}" + ("_unprepared" if args.no_accelerate else "")
+    if args.draft and args.draft_dtype not in (None, args.dtype):
+        stem += f"_draft-{args.draft_dtype}"
     meta = {"model": args.model, "draft": args.draft, "dtype": args.dtype,
+            "draft_dtype": args.draft_dtype or args.dtype,
             "accelerated": not args.no_accelerate, "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats,
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),

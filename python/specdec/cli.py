@@ -36,9 +36,9 @@ def load_models(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype]
-    target, tokenizer = models.load(args.model, dtype=dtype)
-    draft = models.load(args.draft, dtype=dtype)[0] if args.draft else None
+    target, tokenizer = models.load(args.model, dtype=DTYPES[args.dtype])
+    draft_dtype = DTYPES[args.draft_dtype or args.dtype]
+    draft = models.load(args.draft, dtype=draft_dtype)[0] if args.draft else None
     if not args.no_accelerate:
         for model in (target, draft) if draft is not None else (target,):
             specdec.accelerate_verification(model)
@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--num-draft-tokens", type=int, default=8)
     g.add_argument("--draft-head-tokens", type=int, default=None,
                    help="the draft scores only token ids below N (DraftModel(head_tokens=N))")
+    g.add_argument("--draft-dtype", choices=DTYPES, default=None,
+                   help="the draft's dtype (default: --dtype); the output stays the target's")
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--draft-head-tokens", type=int, default=65536,
                    help="also run DraftModel(head_tokens=N); 0 leaves that run out")
+    b.add_argument("--draft-dtype", choices=DTYPES, default=None,
+                   help="the draft's dtype, for ours and HF assisted alike (default: --dtype)")
     b.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
     b.add_argument("--repeats", type=int, default=1, help="runs of every method per prompt (interleaved)")
     b.add_argument("--out", default="bench/results", help="folder for the JSON, markdown and PNG")
