@@ -115,32 +115,27 @@ inline void tile_nt(const float* A, int64_t lda, const float* B, int64_t ldb, fl
     }
 }
 
+// One tile of NR columns and `rows` (1..4) rows: the row count picked at run time.
+template <int NR>
+inline void tile_rows_nt(int64_t rows, const float* A, int64_t lda, const float* B, int64_t ldb,
+                         float* C, int64_t ldc, int64_t K) {
+  switch (rows) {
+    case 4: tile_nt<4, NR>(A, lda, B, ldb, C, ldc, K); break;
+    case 3: tile_nt<3, NR>(A, lda, B, ldb, C, ldc, K); break;
+    case 2: tile_nt<2, NR>(A, lda, B, ldb, C, ldc, K); break;
+    default: tile_nt<1, NR>(A, lda, B, ldb, C, ldc, K); break;
+  }
+}
+
 // C[M, N] = A[M, K] B[N, K]^T.
 void matmul_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                int64_t ldb, float* C, int64_t ldc) {
   for (int64_t m = 0; m < M; m += 4) {
+    const int64_t rows = std::min<int64_t>(M - m, 4);
     const float* a = A + m * lda;
     int64_t n = 0;
-    for (; n + 2 <= N; n += 2) {
-      float* c = C + m * ldc + n;
-      const float* b = B + n * ldb;
-      switch (std::min<int64_t>(M - m, 4)) {
-        case 4: tile_nt<4, 2>(a, lda, b, ldb, c, ldc, K); break;
-        case 3: tile_nt<3, 2>(a, lda, b, ldb, c, ldc, K); break;
-        case 2: tile_nt<2, 2>(a, lda, b, ldb, c, ldc, K); break;
-        default: tile_nt<1, 2>(a, lda, b, ldb, c, ldc, K); break;
-      }
-    }
-    if (n < N) {
-      float* c = C + m * ldc + n;
-      const float* b = B + n * ldb;
-      switch (std::min<int64_t>(M - m, 4)) {
-        case 4: tile_nt<4, 1>(a, lda, b, ldb, c, ldc, K); break;
-        case 3: tile_nt<3, 1>(a, lda, b, ldb, c, ldc, K); break;
-        case 2: tile_nt<2, 1>(a, lda, b, ldb, c, ldc, K); break;
-        default: tile_nt<1, 1>(a, lda, b, ldb, c, ldc, K); break;
-      }
-    }
+    for (; n + 2 <= N; n += 2) tile_rows_nt<2>(rows, a, lda, B + n * ldb, ldb, C + m * ldc + n, ldc, K);
+    if (n < N) tile_rows_nt<1>(rows, a, lda, B + n * ldb, ldb, C + m * ldc + n, ldc, K);
   }
 }
 

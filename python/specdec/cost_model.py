@@ -56,10 +56,7 @@ class CostModel:
             0
         """
 
-        def rate(g: int) -> float:
-            return acceptance.expected(g) / (g * self.draft_ms_per_token + self.target(g + 1))
-
-        return max(range(max_len + 1), key=rate)
+        return max(range(max_len + 1), key=lambda g: acceptance.expected(g) / self.step_ms(g))
 
     def extend_pays(self, drafted: int, expected: float, gain: float) -> bool:
         """Whether drafting one more candidate raises the expected emitted tokens per ms, when
@@ -71,11 +68,11 @@ class CostModel:
             >>> costs.extend_pays(3, expected=3.4, gain=0.6), costs.extend_pays(3, 3.4, gain=0.2)
             (True, False)
         """
+        return (expected + gain) / self.step_ms(drafted + 1) > expected / self.step_ms(drafted)
 
-        def ms(g: int) -> float:
-            return g * self.draft_ms_per_token + self.target(g + 1)
-
-        return (expected + gain) / ms(drafted + 1) > expected / ms(drafted)
+    def step_ms(self, g: int) -> float:
+        """Cost of a step with g chain candidates: g draft tokens and a target pass over g + 1."""
+        return g * self.draft_ms_per_token + self.target(g + 1)
 
 
 @dataclass

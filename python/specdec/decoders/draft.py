@@ -94,7 +94,7 @@ class _DraftProposer:
         # Adaptive: per live row, the chance that every draft so far is accepted (the draft's
         # own probabilities of its tokens stand in for it), and the expected emitted tokens.
         reach = (~ctx.finished).float()
-        expected = float(reach.sum())
+        expected = reach.sum()
         drafts, probs = [], []
         for i in range(limit):
             if sampling.do_sample:
@@ -113,9 +113,10 @@ class _DraftProposer:
                     top = logits.float()
                     confidence = torch.exp(top.max(-1).values - torch.logsumexp(top, -1))
                 reach = reach * confidence
-                expected += float(reach.sum())
-                # The next token is taken to be as likely as this one.
-                if not ctx.costs.extend_pays(i + 1, expected, float((reach * confidence).sum())):
+                expected = expected + reach.sum()
+                # The next token is taken to be as likely as this one. One host read per token.
+                now, gain = torch.stack([expected, (reach * confidence).sum()]).tolist()
+                if not ctx.costs.extend_pays(i + 1, now, gain):
                     break
             logits = prefill(method.model, self.cache, choice[:, None], head=self.head)
         if ctx.tokens.device.type == "cpu":

@@ -122,10 +122,12 @@ class _LookupProposer:
         main_accepted = ((self.main == committed) & (columns < accept_len[:, None])).long().cumprod(1).sum(1)
         main_len = (self.main >= 0).sum(1)
         live = ~ctx.finished
-        has = live & (main_len > 0)
-        self.acceptance.observe(main_accepted[has].tolist(), main_len[has].tolist())
-        if self.sides and bool(live.any()):
-            gain = float((accept_len - main_accepted)[live].float().mean())
+        # One host read: per live row, (accepted, of the first chain's, its length).
+        rows = torch.stack([accept_len, main_accepted, main_len], 1)[live].tolist()
+        chain = [(a, n) for _, a, n in rows if n > 0]
+        self.acceptance.observe([a for a, _ in chain], [n for _, n in chain])
+        if self.sides and rows:
+            gain = sum(total - a for total, a, _ in rows) / len(rows)
             self.side_gain = 0.8 * self.side_gain + 0.2 * gain
 
 
