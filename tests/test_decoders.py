@@ -244,7 +244,7 @@ def test_prompt_lookup_proposes_the_copy_after_a_substituted_token():
     ctx = Context(torch.tensor([text + [0] * 5]), torch.tensor([len(text)]),
                   torch.zeros(1, dtype=torch.bool), Sampling(False), None, CostModel())
     method = specdec.PromptLookup(adaptive=False, num_draft_tokens=4, side_tokens=3)
-    proposal = method.start(None, ctx, ctx.tokens, ctx.lengths, 32).propose(ctx)
+    proposal = method.start(None, ctx, ctx.tokens, ctx.lengths, 32, None).propose(ctx)
     tokens, parents = proposal.tokens[0].tolist(), proposal.parents[0].tolist()
     # Token 9 never occurred before: the only candidates are the substitution branch's.
     assert tokens == [9, 4, 5, 6] and parents == [-1, 0, 1, 2]

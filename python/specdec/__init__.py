@@ -31,6 +31,9 @@ _LAZY = {
     "DraftModel": "specdec.decoders",
     "PromptLookup": "specdec.decoders",
     "GenerateOutput": "specdec.decoders",
+    "Proposal": "specdec.decoders",
+    "StepResult": "specdec.decoders",
+    "Context": "specdec.decoders",
     "SpecCache": "specdec.cache",
 }
 

@@ -29,6 +29,7 @@ import inspect
 from collections.abc import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
 
@@ -50,6 +51,7 @@ def _tree_attention_interface(
     dropout: float = 0.0,
     specdec_prefix_len: Tensor | None = None,
     specdec_tree_mask: Tensor | None = None,
+    specdec_kv_len: int | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
     **kwargs,
@@ -70,8 +72,28 @@ def _tree_attention_interface(
         )
     if dropout:
         raise NotImplementedError("specdec: tree attention has no dropout (use model.eval())")
+    if specdec_kv_len is not None:
+        return _causal_attention(query, key, value, specdec_prefix_len, specdec_kv_len, scaling), None
     out = ops.tree_attention(query, key, value, specdec_prefix_len, specdec_tree_mask, scaling)
     return out.transpose(1, 2), None
+
+
+def _causal_attention(query: Tensor, key: Tensor, value: Tensor, prefix_len: Tensor, kv_len: int,
+                      scaling: float | None) -> Tensor:
+    """A long chain (a prompt) after each row's prefix, through PyTorch's fused SDPA: a prompt
+    needs no tree mask, and the fused kernels tile long sequences better than the tree kernel.
+    ``kv_len``: the longest row's prefix + T (only those cache slots are read)."""
+    T = query.shape[2]
+    key, value = key[:, :, :kv_len], value[:, :, :kv_len]
+    if kv_len == T:  # no row has a prefix: plain causal attention
+        mask, causal = None, True
+    else:  # row b's token i sees slots 0 .. prefix_len[b] + i
+        last = prefix_len[:, None] + torch.arange(T, device=query.device)
+        mask = (torch.arange(kv_len, device=query.device) <= last[:, :, None])[:, None]
+        causal = False
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
+                                         scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2)
 
 
 def enable_tree_attention(model: PreTrainedModel) -> None:
@@ -102,6 +124,11 @@ def _cache_kwarg(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+# Chains at least this long (prompts) go through fused SDPA; shorter ones (a draft's one or two
+# pending tokens) through the tree kernel, which needs no host read of the lengths.
+SDPA_MIN_CHAIN = 16
+
+
 @torch.no_grad()
 def tree_forward(
     model: PreTrainedModel,
@@ -110,8 +137,13 @@ def tree_forward(
     parents: Tensor | None = None,
     keep: Tensor | None = None,
     head: Callable[[Tensor], Tensor] | None = None,
-) -> Tensor:
-    """Logits of every node of a token tree per row, in one forward pass.
+    *,
+    attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    return_hidden: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Logits of every node of a token tree (or of any attention pattern) per row, in one
+    forward pass.
 
     Args:
         model: a causal LM with :func:`enable_tree_attention` applied.
@@ -119,17 +151,24 @@ def tree_forward(
             ``cache.lengths[b] + i``; ``cache.lengths`` is not changed (commit afterwards).
         tree_tokens: ``[B, T]`` token of every node (node 0, the root, is the last emitted
             token, whose key/value are not cached yet).
-        parents: ``[B, T]`` the trees (see :func:`specdec.ops.build_tree`), or ``None`` for a
-            chain of T tokens (causal; a prefill).
+        parents: ``[B, T]`` the trees (see :func:`specdec.ops.build_tree`): each node attends to
+            its ancestors and sits at ``cache.lengths + depth``. ``None`` without
+            ``attention_mask``: a chain of T tokens (causal; a prefill).
         keep: ``[K]`` sorted node indices whose logits are wanted (default: all). The LM head
             then runs on those K positions only (``logits_to_keep``), which matters for prompts.
         head: scores the decoder's last hidden states ``[B, K, H]`` in place of the model's own
             LM head (e.g. over part of the vocabulary: a draft's reduced head). The model's
             ``get_decoder()`` runs alone; logit scaling or soft-capping of the model is skipped.
+        attention_mask: ``[B, T, T]`` bool, which of the T nodes each node attends to (itself
+            included); every node also attends to the row's committed prefix. Overrides the
+            mask ``parents`` would give; needs ``position_ids`` or ``parents``.
+        position_ids: ``[B, T]`` absolute positions of the nodes (default: from ``parents``).
+        return_hidden: also return the decoder's final hidden states (after the final norm,
+            the LM head's input) ``[B, T, H]`` (``[B, K, H]`` with ``keep``), from this pass.
 
     Returns:
         ``[B, T, V]`` logits (``[B, K, V]`` with ``keep``): the model's next-token logits after
-        each node.
+        each node; with ``return_hidden``, ``(logits, hidden)``.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -162,18 +201,33 @@ def tree_forward(
             f"specdec.tree_forward: {T} more tokens do not fit the cache (max_length "
             f"{cache.max_length}, longest row {int(lengths.max())})"
         )
-    if parents is None:
-        mask = None
-        depth = torch.arange(T, device=tree_tokens.device).expand(B, T)
-    else:
-        mask, depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
-    position_ids = lengths[:, None] + depth.to(lengths.dtype)
-    inputs = dict(input_ids=tree_tokens, position_ids=position_ids, use_cache=True,
-                  specdec_prefix_len=lengths, specdec_tree_mask=mask)
-    if head is not None:
+    mask, kv_len = attention_mask, None
+    if mask is not None:
+        if mask.shape != (B, T, T) or mask.dtype != torch.bool:
+            raise ValueError(f"specdec.tree_forward: attention_mask must be bool [{B}, {T}, {T}], "
+                             f"got {mask.dtype} {tuple(mask.shape)}")
+        if position_ids is None and parents is None:
+            raise ValueError("specdec.tree_forward: an attention_mask needs position_ids or parents")
+    if position_ids is None or (mask is None and parents is not None):
+        if parents is None:
+            depth = torch.arange(T, device=tree_tokens.device).expand(B, T)
+            if T >= SDPA_MIN_CHAIN:  # one host read, for a long chain only
+                kv_len = int(lengths.max()) + T
+        else:
+            tree_mask, depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
+            mask = tree_mask if mask is None else mask
+        if position_ids is None:
+            position_ids = lengths[:, None] + depth.to(lengths.dtype)
+    elif position_ids.shape != (B, T):
+        raise ValueError(f"specdec.tree_forward: position_ids must be [{B}, {T}], got {tuple(position_ids.shape)}")
+    inputs = dict(input_ids=tree_tokens, position_ids=position_ids.to(lengths.dtype), use_cache=True,
+                  specdec_prefix_len=lengths, specdec_tree_mask=mask, specdec_kv_len=kv_len)
+    if head is not None or return_hidden:
         decoder = model.get_decoder()
         hidden = decoder(**inputs, **{_cache_kwarg(decoder): cache}).last_hidden_state
-        return head(hidden if keep is None else hidden[:, keep])
+        hidden = hidden if keep is None else hidden[:, keep]
+        logits = (head or model.get_output_embeddings())(hidden)
+        return (logits, hidden) if return_hidden else logits
     kwargs = {_cache_kwarg(model): cache}
     head_subset = keep is not None and "logits_to_keep" in inspect.signature(model.forward).parameters
     if head_subset:
@@ -189,12 +243,14 @@ def prefill(
     tokens: Tensor,
     lengths: Tensor | None = None,
     head: Callable[[Tensor], Tensor] | None = None,
-) -> Tensor:
+    return_hidden: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
-    commits them; returns the logits after every prompt's last token, ``[B, V]``.
+    commits them; returns the logits after every prompt's last token, ``[B, V]`` (and with
+    ``return_hidden`` the final hidden state there, ``[B, H]``).
 
     Args:
-        model, cache, head: as in :func:`tree_forward`.
+        model, cache, head, return_hidden: as in :func:`tree_forward`.
         tokens: ``[B, N]`` prompts, right-padded with any token id.
         lengths: ``[B]`` prompt lengths (default: all N).
     """
@@ -204,6 +260,9 @@ def prefill(
     last = (lengths.to(torch.int64) - 1).clamp_min(0).to(tokens.device)
     # The LM head runs only where some row's prompt ends, not over every prompt token.
     columns = torch.unique(last)
-    logits = tree_forward(model, cache, tokens, keep=columns, head=head)
+    out = tree_forward(model, cache, tokens, keep=columns, head=head, return_hidden=return_hidden)
     cache.advance(lengths)
-    return logits[torch.arange(B, device=logits.device), torch.searchsorted(columns, last)]
+    rows, cols = torch.arange(B, device=tokens.device), torch.searchsorted(columns, last)
+    if return_hidden:
+        return out[0][rows, cols], out[1][rows, cols]
+    return out[rows, cols]

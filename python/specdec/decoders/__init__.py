@@ -1,7 +1,10 @@
 """Decoders: the shared verify loop (`base.generate`) and the methods that propose candidates."""
 
-from specdec.decoders.base import GenerateOutput, GenerateStats, generate
+from specdec.decoders.base import generate
 from specdec.decoders.draft import DraftModel
 from specdec.decoders.prompt_lookup import PromptLookup
+from specdec.decoders.protocol import Context, Method, Proposal, Proposer, StepResult
+from specdec.decoders.stats import GenerateOutput, GenerateStats
 
-__all__ = ["DraftModel", "GenerateOutput", "GenerateStats", "PromptLookup", "generate"]
+__all__ = ["Context", "DraftModel", "GenerateOutput", "GenerateStats", "Method", "PromptLookup",
+           "Proposal", "Proposer", "StepResult", "generate"]

@@ -1,16 +1,17 @@
 """The verify loop shared by every decoder.
 
-A step: the method's proposer puts candidate tokens in a tree whose root (node 0) is the last
-committed token; the target runs once over the whole tree with tree attention; the ops verify
-(greedy, or lossless speculative sampling); the accepted entries of the target's KV cache are
-committed; the accepted tokens and one more are emitted. A method is only its proposer.
+A step: the method's proposer returns a `Proposal` whose node 0 is the last committed token
+(a tree of candidates, or any attention pattern with nodes that are computed but not
+verified); the target runs once over all nodes; the candidates are verified (greedy, seeded
+exact sampling, lossless rejection sampling, or typical acceptance when asked for); the
+accepted entries of the target's KV cache are committed; the accepted tokens and one more are
+emitted; the proposer gets the step's `StepResult` (logits, and hidden states when it asks).
+A method is only its proposer.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -18,103 +19,16 @@ from torch import Tensor
 from specdec import ops
 from specdec.cache import SpecCache
 from specdec.cost_model import CostModel
+from specdec.decoders.protocol import Context, Method, Proposal, Proposer, StepResult
+from specdec.decoders.stats import GenerateOutput, GenerateStats
+from specdec.decoders.verify import Verifier
+from specdec.ops import TypicalAcceptance
+from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
 from specdec.tree_forward import prefill, tree_attention_enabled, tree_forward
 
-
-@dataclass
-class Proposal:
-    """Candidates of one step. ``tokens[:, 0]`` is the root (the last committed token); -1 marks a
-    padding node (never accepted). ``draft_probs[:, c]`` is the distribution node c was drawn
-    from (None: deterministic candidates)."""
-
-    tokens: Tensor                   # [B, T]
-    parents: Tensor                  # [B, T]
-    draft_probs: Tensor | None = None  # [B, T, V]
-
-
-@dataclass
-class Context:
-    """What a proposer may read: the committed tokens of every row (prompt, then output; the last
-    one is the root of the next tree) and how tokens are chosen."""
-
-    tokens: Tensor            # [B, capacity] committed tokens, left-aligned
-    lengths: Tensor           # [B] committed tokens per row
-    finished: Tensor          # [B] bool
-    sampling: Sampling
-    generator: torch.Generator | None
-    costs: CostModel  # target pass costs: profiled, and measured as decoding goes (CPU)
-
-
-class Proposer(Protocol):
-    def propose(self, ctx: Context) -> Proposal: ...
-
-    def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
-        """Called after each step with the committed context already advanced."""
-
-
-class Method(Protocol):
-    """A speculative decoding method: how to build its proposer for one `generate` call."""
-
-    @property
-    def max_candidates(self) -> int:
-        """Most tree nodes a proposal may have (root included)."""
-
-    @property
-    def models(self) -> tuple[torch.nn.Module, ...]:
-        """Models the method runs besides the target (they get tree attention too)."""
-
-    def start(self, target: torch.nn.Module, ctx: Context, prompt: Tensor, prompt_len: Tensor,
-              max_length: int) -> Proposer: ...
-
-
-@dataclass
-class GenerateStats:
-    """Per-step and total statistics of one `generate` call."""
-
-    proposed: list[Tensor] = field(default_factory=list)  # per step: [B] candidates proposed
-    accepted: list[Tensor] = field(default_factory=list)  # per step: [B] candidates accepted
-    target_forwards: int = 0     # target passes, the prefill included
-    new_tokens: int = 0          # tokens generated, all rows
-    wall_time_s: float = 0.0
-
-    @property
-    def total_proposed(self) -> int:
-        return int(sum(int(p.sum()) for p in self.proposed))
-
-    @property
-    def total_accepted(self) -> int:
-        return int(sum(int(a.sum()) for a in self.accepted))
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted candidates / proposed candidates."""
-        return self.total_accepted / max(1, self.total_proposed)
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per row per verification step (accepted + the one more), averaged."""
-        steps = sum(int(a.numel()) for a in self.accepted)
-        return (self.total_accepted + steps) / max(1, steps)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
-
-
-@dataclass
-class GenerateOutput:
-    sequences: Tensor  # [B, S + new]: the input as given, then new tokens, pad after a row ends
-    stats: GenerateStats
-
-
-def choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> Tensor:
-    """The next token from the target's logits [..., V]: argmax, or a sample."""
-    if not sampling.do_sample:
-        return logits.argmax(-1)
-    probs = sampling.probs(logits)
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+__all__ = ["Context", "GenerateOutput", "GenerateStats", "Method", "Proposal", "Proposer",
+           "StepResult", "generate", "left_align"]
 
 
 def left_align(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -145,34 +59,61 @@ def generate(
     streamer=None,
     generator: torch.Generator | None = None,
     pass_costs: dict[int, float] | None = None,
+    typical: TypicalAcceptance | None = None,
 ) -> GenerateOutput:
     """Generates with speculative decoding; the output is the target's own.
 
-    Greedy (``do_sample=False``) output is identical to ``model.generate(do_sample=False)``;
-    sampled output follows the target's distribution under temperature/top-k/top-p exactly
-    (reproducible with ``generator``). ``method=None`` decodes one token per target pass.
+    Greedy (``do_sample=False``) output is identical to ``model.generate(do_sample=False)``.
+    Sampled output follows the target's distribution under temperature/top-k/top-p exactly.
+    The random numbers come from ``generator`` (one draw fixes the run) and are indexed by row
+    and position, not drawn per step: with deterministic candidates (prompt lookup, coupled
+    drafts) a seeded run emits exactly the tokens that ``method=None`` emits with the same
+    seed, whatever the method and its proposal sizes. ``method=None`` decodes one token per
+    target pass.
 
     Args:
         model: a Hugging Face causal LM (the target).
-        input_ids: ``[B, S]`` prompts; with ``attention_mask`` rows may be left- or right-padded.
+        input_ids: ``[B, S]`` prompts; with ``attention_mask`` (``[B, S]``) rows may be left- or
+            right-padded.
         method: ``specdec.DraftModel(...)``, ``specdec.PromptLookup(...)``, or None.
         eos_token_id: a row stops after emitting one of these (default: the model's).
         pad_token_id: fills each row after it stops (default: the model's, else EOS, else 0).
         streamer: a `transformers` streamer (``put``/``end``); batch size 1 only.
+        generator: a ``torch.Generator`` that seeds sampling (default: torch's global one).
         pass_costs: ms per target pass over k tokens (``specdec.profile_passes``), used by
             adaptive methods.
+        typical: ``specdec.TypicalAcceptance(...)``: Medusa's typical acceptance, LOSSY (the
+            output no longer follows the target's distribution exactly; more candidates are
+            accepted). Sampling only, deterministic candidates only. Default: exact.
 
     Returns:
         ``GenerateOutput(sequences, stats)``: ``sequences [B, S + max_new_tokens]`` is the input
         as given followed by each row's new tokens, padded after the row stops.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> _ = torch.manual_seed(0)
+        >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=32, num_attention_heads=4,
+        ...     num_key_value_heads=2, num_hidden_layers=2, intermediate_size=64, vocab_size=50)).eval()
+        >>> ids = torch.tensor([[1, 7, 8, 9, 7, 8]])
+        >>> from specdec import PromptLookup
+        >>> out = generate(model, ids, max_new_tokens=8, method=PromptLookup())
+        >>> plain = model.generate(ids, max_new_tokens=8, do_sample=False)
+        >>> torch.equal(out.sequences, plain)
+        True
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+                         f"got {tuple(attention_mask.shape)}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError("a streamer needs batch size 1")
     sampling = Sampling(do_sample, temperature, top_k, top_p)
+    streams = RandomStreams.from_generator(generator) if do_sample else None
+    verifier = Verifier(sampling, streams, typical)
     eos = _eos_ids(model, eos_token_id, input_ids.device)
     pad = _pad_id(model, pad_token_id, eos)
     start = time.perf_counter()
@@ -182,14 +123,14 @@ def generate(
     if int(prompt_len.min()) < 1:
         raise ValueError("every row needs at least one prompt token")
 
-    # Committed tokens of every row: prompt, then output; room for one more tree per row.
+    # Committed tokens of every row: prompt, then output; room for one more step per row.
     capacity = S + max_new_tokens + 1
     ctx = Context(
         tokens=torch.full((B, capacity), pad, dtype=torch.long, device=device),
         lengths=prompt_len.clone(),
         finished=torch.zeros(B, dtype=torch.bool, device=device),
         sampling=sampling,
-        generator=generator,
+        streams=streams,
         costs=CostModel(dict(pass_costs or {})),
     )
     ctx.tokens[:, :S] = prompt
@@ -197,40 +138,53 @@ def generate(
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
-    max_length = S + max_new_tokens + 1 + (method.max_candidates if method is not None else 1)
+    max_length = S + max_new_tokens + 1 + (method.max_pass_tokens if method is not None else 1)
     models = (model, *(method.models if method is not None else ()))
+    hidden_wanted = method is not None and method.needs_hidden_states
     with torch.inference_mode(), tree_attention_enabled(*models):
         cache = SpecCache.for_model(model, batch_size=B, max_length=max_length)
-        first = choose(prefill(model, cache, prompt, prompt_len), sampling, generator)
+        out = prefill(model, cache, prompt, prompt_len, return_hidden=hidden_wanted)
+        logits, hidden = out if hidden_wanted else (out, None)
+        first = verifier.choose(logits, prompt_len)
+        stats.prefill_time_s = time.perf_counter() - start
         stats.target_forwards += 1
         generated = torch.zeros(B, dtype=torch.long, device=device)
         _emit(ctx, first[:, None], torch.ones_like(generated), generated, max_new_tokens, eos, streamer)
-        proposer = method.start(model, ctx, prompt, prompt_len, max_length) if method else None
+        proposer = None
+        if method is not None:
+            root = torch.gather(prompt, 1, (prompt_len - 1)[:, None])
+            zeros = torch.zeros_like(generated)
+            step = StepResult(Proposal(root, torch.full_like(root, -1)), zeros[:, None], zeros, first,
+                              logits[:, None], None if hidden is None else hidden[:, None])
+            proposer = method.start(model, ctx, prompt, prompt_len, max_length, step)
         while not bool(ctx.finished.all()):
-            proposal = proposer.propose(ctx) if proposer else _root_only(ctx)
-            tokens, parents = proposal.tokens, proposal.parents
+            proposal = proposer.propose(ctx) if proposer else Proposal(ctx.roots(), _no_parent(B, device))
+            if device.type == "cpu":  # run the real nodes only: a host read is free here
+                proposal = _without_trailing_padding(proposal)
+            mask, positions = _layout(proposal, cache)
             pass_start = time.perf_counter()
-            logits = tree_forward(model, cache, tokens.clamp_min(0), parents)
+            out = tree_forward(model, cache, proposal.tokens.clamp_min(0), proposal.parents,
+                               attention_mask=mask, position_ids=positions, return_hidden=hidden_wanted)
+            logits, hidden = out if hidden_wanted else (out, None)
             if device.type == "cpu":  # elsewhere the pass is asynchronous: use the profile
-                ctx.costs.observe_target(tokens.shape[1], (time.perf_counter() - pass_start) * 1e3)
+                ctx.costs.observe_target(proposal.width, (time.perf_counter() - pass_start) * 1e3)
             stats.target_forwards += 1
-            if sampling.do_sample:
-                uniform = torch.rand(tokens.shape, generator=generator, device=device)
-                path, n, nxt = ops.tree_speculative_sampling(
-                    tokens, parents, sampling.probs(logits), uniform, proposal.draft_probs)
-            else:
-                path, n, nxt = ops.tree_verify_greedy(tokens, parents, logits)
+            candidate = proposal.is_candidate()
+            verified = torch.where(candidate, proposal.tokens, -1)
+            verified[:, 0] = proposal.tokens[:, 0]
+            path, n, nxt = verifier.verify(verified, proposal.parents, logits, positions,
+                                           proposal.draft_probs)
             live = ~ctx.finished
             # The root's K/V was computed in this pass too: commit it with the accepted nodes.
             cache.commit_path(path, torch.where(live, n, -1))
-            emitted = torch.gather(tokens, 1, path[:, 1:].clamp_min(0))
+            emitted = torch.gather(proposal.tokens, 1, path[:, 1:].clamp_min(0))
             emitted = torch.cat([emitted, torch.zeros_like(nxt)[:, None]], 1)
             emitted.scatter_(1, n[:, None], nxt[:, None])
-            stats.proposed.append(torch.where(live, (tokens[:, 1:] >= 0).sum(1), 0))
+            stats.proposed.append(torch.where(live, candidate.sum(1), 0))
             stats.accepted.append(torch.where(live, n, 0))
             _emit(ctx, emitted, torch.where(live, n + 1, 0), generated, max_new_tokens, eos, streamer)
             if proposer:
-                proposer.update(ctx, proposal, n)
+                proposer.update(ctx, StepResult(proposal, path, n, nxt, logits, hidden))
     if streamer is not None:
         streamer.end()
     stats.new_tokens = int(generated.sum())
@@ -243,15 +197,34 @@ def generate(
     return GenerateOutput(torch.cat([input_ids, new], 1), stats)
 
 
+def _no_parent(B: int, device: torch.device) -> Tensor:
+    return torch.full((B, 1), -1, dtype=torch.long, device=device)
+
+
+def _without_trailing_padding(proposal: Proposal) -> Proposal:
+    """The proposal up to the batch's last real node (padding at the end of rows dropped)."""
+    T = proposal.width
+    last = ((proposal.tokens >= 0) * torch.arange(T, device=proposal.tokens.device)).amax()
+    width = int(last) + 1
+    return proposal if width == T else proposal.narrowed(width)
+
+
+def _layout(proposal: Proposal, cache: SpecCache) -> tuple[Tensor, Tensor]:
+    """The pass's attention mask among the nodes and their absolute positions: the proposal's
+    own, else the tree's (ancestors; the root's position + depth)."""
+    mask, positions = proposal.attention_mask, proposal.position_ids
+    if mask is None or positions is None:
+        tree_mask, depth, _ = ops.build_tree(proposal.parents, max_leaves=1, max_depth=0)
+        mask = tree_mask if mask is None else mask
+        if positions is None:
+            positions = cache.lengths[:, None] + depth.to(cache.lengths.dtype)
+    return mask, positions
+
+
 def _right_padded(tokens: Tensor, lengths: Tensor) -> Tensor:
     # Padding ids may be outside the vocabulary (-1): the model reads them, so use token 0.
     columns = torch.arange(tokens.shape[1], device=tokens.device)
     return torch.where(columns < lengths[:, None], tokens, 0)
-
-
-def _root_only(ctx: Context) -> Proposal:
-    root = torch.gather(ctx.tokens, 1, (ctx.lengths - 1)[:, None])
-    return Proposal(root, torch.full_like(root, -1))
 
 
 def _emit(ctx: Context, emitted: Tensor, count: Tensor, generated: Tensor, max_new_tokens: int,

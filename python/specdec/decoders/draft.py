@@ -11,7 +11,9 @@ from torch import Tensor
 
 from specdec.accelerate import PackedLinear, VerificationConfig
 from specdec.cache import SpecCache
-from specdec.decoders.base import Context, Proposal
+from specdec.decoders.protocol import Context, Proposal, StepResult
+from specdec.decoders.verify import draw
+from specdec.random_streams import DRAFT, TOKEN
 from specdec.tree_forward import prefill
 
 
@@ -29,6 +31,18 @@ class DraftModel:
     V = 152k the LM head is a quarter of a 0.5B model's weights). The target's output is
     unaffected: only what is proposed changes. The reduced head is a copy, made on first use.
 
+    Sampling (``do_sample=True``): with ``coupled=True`` (default) the draft draws its token at
+    position t with the same uniform the target's draw at t uses, so a candidate is accepted
+    when the two draws agree; the output is then token for token what ``method=None`` emits
+    with the same seed, whatever the draft lengths. ``coupled=False`` draws the draft's tokens
+    on their own and verifies by rejection sampling with the draft's probabilities (lossless,
+    accepts somewhat more when draft and target differ; reproducible for a fixed draft length,
+    ``adaptive=False``).
+
+    The draft must share the target's tokenizer. When the two vocabularies differ only by
+    padding rows past the tokenizer (e.g. Qwen2.5 7B and 0.5B), pass ``shared_vocab=len(tokenizer)``:
+    the draft then never proposes an id at or past it.
+
     Example (``draft`` and ``target`` are Hugging Face causal LMs)::
 
         out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True))
@@ -39,6 +53,8 @@ class DraftModel:
     adaptive: bool = False
     max_draft_tokens: int = 16
     head_tokens: int | None = None
+    coupled: bool = True
+    shared_vocab: int | None = None
     _head: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -48,17 +64,42 @@ class DraftModel:
             raise ValueError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
         if self.head_tokens is not None and self.head_tokens < 1:
             raise ValueError(f"head_tokens must be >= 1 or None, got {self.head_tokens}")
+        if self.shared_vocab is not None and self.shared_vocab < 1:
+            raise ValueError(f"shared_vocab must be >= 1 or None, got {self.shared_vocab}")
 
     @property
-    def max_candidates(self) -> int:
+    def max_pass_tokens(self) -> int:
         return 1 + (self.max_draft_tokens if self.adaptive else self.num_draft_tokens)
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
         return (self.model,)
 
-    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int):
-        return _DraftProposer(self, ctx, prompt, prompt_len, max_length)
+    @property
+    def needs_hidden_states(self) -> bool:
+        return False
+
+    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
+              first: StepResult):
+        target_vocab = self.check_vocabulary(target)
+        return _DraftProposer(self, target_vocab, prompt, prompt_len, max_length)
+
+    def check_vocabulary(self, target: torch.nn.Module) -> int:
+        """The target's vocabulary size, after checking that the draft's ids mean the same
+        tokens (a mismatch would decode correctly but never speed anything up)."""
+        vocab = (_vocab_size(self.model), _vocab_size(target))
+        for name in ("eos_token_id", "bos_token_id"):
+            ids = [_setting(m, name) for m in (self.model, target)]
+            if None not in ids and ids[0] != ids[1]:
+                raise ValueError(f"DraftModel: the draft's {name} is {ids[0]}, the target's {ids[1]}: "
+                                 "the draft must use the target's tokenizer")
+        if vocab[0] != vocab[1] and (self.shared_vocab is None or min(vocab) < self.shared_vocab):
+            hint = ("" if self.shared_vocab is not None else
+                    "; if they differ only by padding rows past the tokenizer, pass "
+                    "DraftModel(..., shared_vocab=len(tokenizer))")
+            raise ValueError(f"DraftModel: the draft scores {vocab[0]} token ids, the target {vocab[1]}"
+                             f"{hint}")
+        return vocab[1]
 
     def reduced_head(self) -> torch.nn.Module | None:
         """The draft's LM head over ids ``0 .. head_tokens - 1`` (None without ``head_tokens``),
@@ -72,14 +113,30 @@ class DraftModel:
         return self._head[1]
 
 
+def _vocab_size(model: torch.nn.Module) -> int:
+    return model.get_output_embeddings().out_features
+
+
+def _setting(model: torch.nn.Module, name: str):
+    value = getattr(model.config, name, None)
+    return tuple(value) if isinstance(value, list) else value
+
+
 class _DraftProposer:
-    def __init__(self, method: DraftModel, ctx: Context, prompt: Tensor, prompt_len: Tensor,
+    def __init__(self, method: DraftModel, target_vocab: int, prompt: Tensor, prompt_len: Tensor,
                  max_length: int) -> None:
         self.method = method
         self.cache = SpecCache.for_model(method.model, batch_size=prompt.shape[0], max_length=max_length)
         self.head = method.reduced_head()
-        self.vocab_size = method.model.get_output_embeddings().out_features
+        self.target_vocab = target_vocab
+        # Ids the draft may propose: below the shared part of the vocabularies.
+        self.proposable = min(_vocab_size(method.model), target_vocab, method.shared_vocab or target_vocab)
         prefill(method.model, self.cache, prompt, prompt_len, self.head)
+
+    def _scores(self, logits: Tensor) -> Tensor:
+        if logits.shape[-1] <= self.proposable:
+            return logits
+        return logits[..., : self.proposable]
 
     def propose(self, ctx: Context) -> Proposal:
         method, sampling = self.method, ctx.sampling
@@ -90,7 +147,8 @@ class _DraftProposer:
         width = int(pending.max())
         columns = torch.arange(width, device=pending.device)
         idx = (self.cache.lengths[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1)
-        logits = prefill(method.model, self.cache, torch.gather(ctx.tokens, 1, idx), pending, self.head)
+        logits = self._scores(prefill(method.model, self.cache, torch.gather(ctx.tokens, 1, idx),
+                                      pending, self.head))
         # Adaptive: per live row, the chance that every draft so far is accepted (the draft's
         # own probabilities of its tokens stand in for it), and the expected emitted tokens.
         reach = (~ctx.finished).float()
@@ -99,8 +157,10 @@ class _DraftProposer:
         for i in range(limit):
             if sampling.do_sample:
                 q = sampling.probs(logits)
-                choice = torch.multinomial(q, 1, generator=ctx.generator)[:, 0]
-                probs.append(F.pad(q, (0, self.vocab_size - q.shape[-1])))  # ids past the head: 0
+                # Coupled: the target's uniform at this position; else the draft's own.
+                choice = draw(q, ctx.streams, ctx.lengths + i, TOKEN if method.coupled else DRAFT)
+                if not method.coupled:  # ids past the draft's scores: probability 0
+                    probs.append(F.pad(q, (0, self.target_vocab - q.shape[-1])))
             else:
                 choice = logits.argmax(-1)
             drafts.append(choice)
@@ -118,18 +178,17 @@ class _DraftProposer:
                 now, gain = torch.stack([expected, (reach * confidence).sum()]).tolist()
                 if not ctx.costs.extend_pays(i + 1, now, gain):
                     break
-            logits = prefill(method.model, self.cache, choice[:, None], head=self.head)
+            logits = self._scores(prefill(method.model, self.cache, choice[:, None], head=self.head))
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / len(drafts))
-        root = torch.gather(ctx.tokens, 1, (ctx.lengths - 1)[:, None])
-        tokens = torch.cat([root, torch.stack(drafts, 1)], 1)
+        tokens = torch.cat([ctx.roots(), torch.stack(drafts, 1)], 1)
         parents = torch.arange(-1, len(drafts), device=tokens.device).expand_as(tokens)
         draft_probs = None
         if probs:  # node c was drawn from the draft's distribution at node c - 1
             draft_probs = torch.stack([torch.zeros_like(probs[0])] + probs, 1)
         return Proposal(tokens, parents, draft_probs)
 
-    def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
+    def update(self, ctx: Context, step: StepResult) -> None:
         # Keep only the draft's entries of committed tokens; the new root is fed next step.
         self.cache.rollback(torch.minimum(self.cache.lengths, ctx.lengths - 1))
 

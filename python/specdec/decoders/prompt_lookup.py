@@ -11,7 +11,7 @@ from torch import Tensor
 
 from specdec import ops
 from specdec.cost_model import AcceptanceEstimate
-from specdec.decoders.base import Context, Proposal
+from specdec.decoders.protocol import Context, Proposal, StepResult
 
 
 @dataclass
@@ -57,14 +57,19 @@ class PromptLookup:
         return self.max_draft_tokens if self.adaptive else self.num_draft_tokens
 
     @property
-    def max_candidates(self) -> int:
+    def max_pass_tokens(self) -> int:
         return 1 + self.chain_limit + 2 * self.side_tokens
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
         return ()
 
-    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int):
+    @property
+    def needs_hidden_states(self) -> bool:
+        return False
+
+    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
+              first: StepResult):
         return _LookupProposer(self)
 
 
@@ -85,7 +90,7 @@ class _LookupProposer:
         if m.adaptive:
             # When no candidate pays, still try one now and then so the estimate can recover.
             k = ctx.costs.best_length(self.acceptance, k) or int(self.steps % 8 == 0)
-        root = torch.gather(ctx.tokens, 1, (ctx.lengths - 1)[:, None])
+        root = ctx.roots()
         self.main = None
         if k == 0:
             return Proposal(root, torch.full_like(root, -1))
@@ -111,7 +116,8 @@ class _LookupProposer:
         with_sides = (expected + self.side_gain) / ctx.costs.target(1 + k + 2 * side)
         return with_sides > expected / ctx.costs.target(1 + k)
 
-    def update(self, ctx: Context, proposal: Proposal, accept_len: Tensor) -> None:
+    def update(self, ctx: Context, step: StepResult) -> None:
+        accept_len = step.accept_len
         # The estimates cost a host sync: only when they are used.
         if not self.method.adaptive or self.main is None:
             return

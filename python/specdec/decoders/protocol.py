@@ -1,0 +1,133 @@
+"""What the verify loop and a method exchange: the proposal of a step, what a proposer may read,
+and what a step produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from specdec.cost_model import CostModel
+from specdec.random_streams import RandomStreams
+from specdec.sampling import Sampling
+
+
+@dataclass
+class Proposal:
+    """The nodes of one step, all computed in one target pass.
+
+    ``tokens[:, 0]`` is the root (the last committed token); -1 marks a padding node, never
+    accepted. On CPU the pass runs only up to each batch's last real node, so padding at the
+    end of the rows costs nothing there; on CUDA the shape is kept (fixed shapes for CUDA
+    graphs) and padding is computed.
+
+    Candidates (the nodes that may be accepted) form a tree under the root given by
+    ``parents``. By default every node is a candidate, attends to its tree ancestors and sits
+    at position ``root + depth``. A proposal may instead give its own ``attention_mask``
+    (which of the step's nodes each node sees; the committed prefix is always visible) and
+    ``position_ids``, and mark with ``candidates`` which nodes are verified: the others are
+    computed in the same pass (their logits and hidden states reach the proposer) but never
+    accepted; their ``parents`` entries must still be valid (for instance 0).
+
+    ``draft_probs[:, c]`` is the distribution candidate c was drawn from (None: deterministic
+    candidates, the usual case).
+    """
+
+    tokens: Tensor                           # [B, T] int64
+    parents: Tensor                          # [B, T]
+    draft_probs: Tensor | None = None        # [B, T, V]
+    attention_mask: Tensor | None = None     # [B, T, T] bool
+    position_ids: Tensor | None = None       # [B, T] absolute positions
+    candidates: Tensor | None = None         # [B, T] bool
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+    def is_candidate(self) -> Tensor:
+        """``[B, T]`` bool: real nodes that may be accepted (the root excluded)."""
+        real = self.tokens >= 0
+        if self.candidates is not None:
+            real = real & self.candidates
+        real[:, 0] = False
+        return real
+
+    def narrowed(self, width: int) -> Proposal:
+        """The first ``width`` nodes (views, no copy)."""
+        def cut(t: Tensor | None, dims: int = 1) -> Tensor | None:
+            if t is None:
+                return None
+            return t[:, :width, :width] if dims == 2 else t[:, :width]
+
+        return Proposal(cut(self.tokens), cut(self.parents), cut(self.draft_probs),
+                        cut(self.attention_mask, 2), cut(self.position_ids), cut(self.candidates))
+
+
+@dataclass
+class Context:
+    """What a proposer may read: the committed tokens of every row (prompt, then output; the last
+    one is the root of the next step) and how tokens are chosen."""
+
+    tokens: Tensor            # [B, capacity] committed tokens, left-aligned
+    lengths: Tensor           # [B] committed tokens per row
+    finished: Tensor          # [B] bool
+    sampling: Sampling
+    streams: RandomStreams | None  # sampling only: the uniforms of every (row, position)
+    costs: CostModel  # target pass costs: profiled, and measured as decoding goes (CPU)
+
+    def roots(self) -> Tensor:
+        """``[B, 1]`` the last committed token of every row."""
+        return torch.gather(self.tokens, 1, (self.lengths - 1)[:, None])
+
+
+@dataclass
+class StepResult:
+    """What one target pass produced, handed to the proposer after the step (and to ``start``
+    for the prefill, as a one-node step whose root is the prompt's last token).
+
+    ``accept_path[b] = [0, n1, .., nk, -1, ..]`` are the root and accepted nodes of
+    ``proposal`` (as run: on CPU it may be narrower than proposed), ``accept_len[b] = k``,
+    ``next_token[b]`` the token chosen after node nk. ``logits [B, T, V]`` are the target's at
+    every node (no copy); ``hidden [B, T, H]`` its final hidden states (after the final norm,
+    the LM head's input) from the same pass, when the method asks for them."""
+
+    proposal: Proposal
+    accept_path: Tensor
+    accept_len: Tensor
+    next_token: Tensor
+    logits: Tensor
+    hidden: Tensor | None = None
+
+    def last_accepted(self) -> Tensor:
+        """``[B]`` the node index of each row's last accepted node (the root when none)."""
+        return torch.gather(self.accept_path, 1, self.accept_len[:, None])[:, 0]
+
+
+class Proposer(Protocol):
+    def propose(self, ctx: Context) -> Proposal: ...
+
+    def update(self, ctx: Context, step: StepResult) -> None:
+        """Called after each step, with the committed context already advanced."""
+
+
+class Method(Protocol):
+    """A speculative decoding method: how to build its proposer for one `generate` call."""
+
+    @property
+    def max_pass_tokens(self) -> int:
+        """Most nodes one step's pass may hold (root, candidates and any other nodes)."""
+
+    @property
+    def models(self) -> tuple[torch.nn.Module, ...]:
+        """Models the method runs besides the target (they get tree attention too)."""
+
+    @property
+    def needs_hidden_states(self) -> bool:
+        """Whether steps hand the target's final hidden states to the proposer."""
+
+    def start(self, target: torch.nn.Module, ctx: Context, prompt: Tensor, prompt_len: Tensor,
+              max_length: int, first: StepResult) -> Proposer:
+        """The proposer for one call; ``first`` is the prefill's result (the first token
+        emitted, the logits and hidden state at each row's last prompt token)."""

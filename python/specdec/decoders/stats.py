@@ -1,0 +1,48 @@
+"""What `generate` returns: the sequences and per-step statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+
+@dataclass
+class GenerateStats:
+    """Per-step and total statistics of one `generate` call."""
+
+    proposed: list[Tensor] = field(default_factory=list)  # per step: [B] candidates proposed
+    accepted: list[Tensor] = field(default_factory=list)  # per step: [B] candidates accepted
+    target_forwards: int = 0     # target passes, the prefill included
+    new_tokens: int = 0          # tokens generated, all rows
+    wall_time_s: float = 0.0
+    prefill_time_s: float = 0.0  # the prompt's pass (included in wall_time_s)
+
+    @property
+    def total_proposed(self) -> int:
+        return int(sum(int(p.sum()) for p in self.proposed))
+
+    @property
+    def total_accepted(self) -> int:
+        return int(sum(int(a.sum()) for a in self.accepted))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted candidates / proposed candidates."""
+        return self.total_accepted / max(1, self.total_proposed)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per row per verification step (accepted + the one more), averaged."""
+        steps = sum(int(a.numel()) for a in self.accepted)
+        return (self.total_accepted + steps) / max(1, steps)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+
+@dataclass
+class GenerateOutput:
+    sequences: Tensor  # [B, S + new]: the input as given, then new tokens, pad after a row ends
+    stats: GenerateStats
