@@ -237,11 +237,7 @@ at::Tensor node_entropy(const at::Tensor& target_probs) {
   return at::special_entr(target_probs.to(at::kFloat)).sum(-1).contiguous();
 }
 
-}  // namespace specdec
-
 // ---- n-gram ops (prompt lookup, lookahead n-gram pool) ----------------------------------------
-namespace specdec {
-
 void check_ids_or_padding(const at::Tensor& ids, int64_t vocab, const char* op, const char* name) {
   const at::Tensor flat = ids.contiguous();
   AT_DISPATCH_INDEX_TYPES(flat.scalar_type(), "check_ids_or_padding", [&] {
@@ -347,11 +343,7 @@ PoolDims check_ngram_pool_lookup(const at::Tensor& head, const at::Tensor& entri
   return d;
 }
 
-}  // namespace specdec
-
-// --- tree attention and KV commit -------------------------------------------------------------
-namespace specdec {
-
+// ---- tree attention and KV commit ------------------------------------------------------------
 AttentionDims check_tree_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                    const at::Tensor& v_cache, const at::Tensor& prefix_len,
                                    const std::optional<at::Tensor>& tree_mask,

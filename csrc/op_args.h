@@ -59,7 +59,24 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
                              const at::Tensor& accept_path, const at::Tensor& accept_len,
                              const at::Tensor& next_token);
 
-// --- tree attention and KV commit -------------------------------------------------------------
+// ---- n-gram ops (prompt lookup, lookahead n-gram pool) ----------------------------------------
+// Values (CPU tensors only): every id is -1 (padding) or inside [0, vocab).
+void check_ids_or_padding(const at::Tensor& ids, int64_t vocab, const char* op, const char* name);
+
+struct NGramMatchDims { int64_t B, S, K; };
+NGramMatchDims check_ngram_match(const at::Tensor& context, const at::Tensor& context_len,
+                                 int64_t min_n, int64_t max_n, const at::Tensor& draft,
+                                 const at::Tensor& draft_len);
+
+// The pool of every row: head [B, V], entries [B, C, N + 1] (see core/ngram.h); G: lookup width.
+struct PoolDims { int64_t B, V, C, N, G; };
+PoolDims check_ngram_pool_insert(const at::Tensor& head, const at::Tensor& entries,
+                                 const at::Tensor& cursor, const at::Tensor& ngrams, int64_t g);
+PoolDims check_ngram_pool_lookup(const at::Tensor& head, const at::Tensor& entries,
+                                 const at::Tensor& last_ids, const at::Tensor& candidates,
+                                 const at::Tensor& count);
+
+// ---- tree attention and KV commit ------------------------------------------------------------
 struct AttentionDims { int64_t B, H, Hkv, T, D, S; };
 // q [B, H, T, D]; k_cache, v_cache [B, Hkv, S, D] (last dim contiguous); prefix_len [B];
 // tree_mask [B, T, T] bool or none (causal); out [B, H, T, D]. On CPU also checks the values:
@@ -76,26 +93,5 @@ struct CommitDims { int64_t L, B, S, A, Hk, Dk, Hv, Dv; };
 CommitDims check_kv_commit(at::TensorList k_caches, at::TensorList v_caches,
                            const at::Tensor& lengths, const at::Tensor& src_pos,
                            const at::Tensor& accept_len);
-
-}  // namespace specdec
-
-// ---- n-gram ops (prompt lookup, lookahead n-gram pool) ----------------------------------------
-namespace specdec {
-
-// Values (CPU tensors only): every id is -1 (padding) or inside [0, vocab).
-void check_ids_or_padding(const at::Tensor& ids, int64_t vocab, const char* op, const char* name);
-
-struct NGramMatchDims { int64_t B, S, K; };
-NGramMatchDims check_ngram_match(const at::Tensor& context, const at::Tensor& context_len,
-                                 int64_t min_n, int64_t max_n, const at::Tensor& draft,
-                                 const at::Tensor& draft_len);
-
-// The pool of every row: head [B, V], entries [B, C, N + 1] (see core/ngram.h); G: lookup width.
-struct PoolDims { int64_t B, V, C, N, G; };
-PoolDims check_ngram_pool_insert(const at::Tensor& head, const at::Tensor& entries,
-                                 const at::Tensor& cursor, const at::Tensor& ngrams, int64_t g);
-PoolDims check_ngram_pool_lookup(const at::Tensor& head, const at::Tensor& entries,
-                                 const at::Tensor& last_ids, const at::Tensor& candidates,
-                                 const at::Tensor& count);
 
 }  // namespace specdec

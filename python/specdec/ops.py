@@ -25,6 +25,11 @@ __all__ = [
     "build_tree",
     "chain_greedy_verify",
     "chain_speculative_sampling",
+    "kv_commit",
+    "ngram_match",
+    "ngram_pool_insert",
+    "ngram_pool_lookup",
+    "tree_attention",
     "tree_speculative_sampling",
     "tree_verify_greedy",
 ]
@@ -51,6 +56,7 @@ class TypicalAcceptance:
     posterior_alpha: float = 0.3
 
 
+# ---- chain and tree verification ----------------------------------------------------------------
 def chain_speculative_sampling(
     draft_probs: Tensor | None, draft_ids: Tensor, target_probs: Tensor, uniform: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -255,48 +261,7 @@ def tree_speculative_sampling(
     return accept_path, accept_len, next_token
 
 
-# Fake kernels: the ops only write their out-arguments, so shape propagation has nothing to do.
-@torch.library.register_fake("specdec::chain_speculative_sampling")
-def _(draft_probs, draft_ids, target_probs, uniform, *, out_ids, accept_len):
-    return None
-
-
-@torch.library.register_fake("specdec::chain_greedy_verify")
-def _(draft_ids, target, *, out_ids, accept_len):
-    return None
-
-
-@torch.library.register_fake("specdec::build_tree")
-def _(parents, *, tree_mask, depth, paths):
-    return None
-
-
-@torch.library.register_fake("specdec::tree_verify_greedy")
-def _(tree_tokens, parents, target, *, accept_path, accept_len, next_token):
-    return None
-
-
-@torch.library.register_fake("specdec::tree_speculative_sampling")
-def _(
-    tree_tokens,
-    parents,
-    target_probs,
-    uniform,
-    draft_probs=None,
-    posterior_threshold=None,
-    posterior_alpha=0.3,
-    *,
-    accept_path,
-    accept_len,
-    next_token,
-):
-    return None
-
-
-# ---- n-gram ops: prompt lookup and the lookahead n-gram pool ----------------------------------
-__all__ += ["ngram_match", "ngram_pool_insert", "ngram_pool_lookup"]
-
-
+# ---- n-gram drafting: prompt lookup and the lookahead n-gram pool ------------------------------
 def ngram_match(
     context: Tensor,
     context_len: Tensor | None = None,
@@ -402,25 +367,7 @@ def ngram_pool_lookup(
     return candidates, count
 
 
-@torch.library.register_fake("specdec::ngram_match")
-def _(context, context_len, min_n, max_n, earliest=False, *, draft, draft_len):
-    return None
-
-
-@torch.library.register_fake("specdec::ngram_pool_insert")
-def _(head, entries, cursor, ngrams, g):
-    return None
-
-
-@torch.library.register_fake("specdec::ngram_pool_lookup")
-def _(head, entries, last_ids, *, candidates, count):
-    return None
-
-
-# --- tree attention and KV commit -----------------------------------------------------------------
-__all__ += ["kv_commit", "tree_attention"]
-
-
+# ---- tree attention and KV commit --------------------------------------------------------------
 def tree_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -492,6 +439,59 @@ def kv_commit(
         ([0.0, 1.0, 3.0, 5.0, 4.0, 5.0], [4])
     """
     _ops.kv_commit(k_caches, v_caches, lengths, src_pos, accept_len)
+
+
+# ---- fake kernels ------------------------------------------------------------------------------
+@torch.library.register_fake("specdec::chain_speculative_sampling")
+def _(draft_probs, draft_ids, target_probs, uniform, *, out_ids, accept_len):
+    return None
+
+
+@torch.library.register_fake("specdec::chain_greedy_verify")
+def _(draft_ids, target, *, out_ids, accept_len):
+    return None
+
+
+@torch.library.register_fake("specdec::build_tree")
+def _(parents, *, tree_mask, depth, paths):
+    return None
+
+
+@torch.library.register_fake("specdec::tree_verify_greedy")
+def _(tree_tokens, parents, target, *, accept_path, accept_len, next_token):
+    return None
+
+
+@torch.library.register_fake("specdec::tree_speculative_sampling")
+def _(
+    tree_tokens,
+    parents,
+    target_probs,
+    uniform,
+    draft_probs=None,
+    posterior_threshold=None,
+    posterior_alpha=0.3,
+    *,
+    accept_path,
+    accept_len,
+    next_token,
+):
+    return None
+
+
+@torch.library.register_fake("specdec::ngram_match")
+def _(context, context_len, min_n, max_n, earliest=False, *, draft, draft_len):
+    return None
+
+
+@torch.library.register_fake("specdec::ngram_pool_insert")
+def _(head, entries, cursor, ngrams, g):
+    return None
+
+
+@torch.library.register_fake("specdec::ngram_pool_lookup")
+def _(head, entries, last_ids, *, candidates, count):
+    return None
 
 
 @torch.library.register_fake("specdec::tree_attention")
