@@ -41,3 +41,32 @@ def test_bench_writes_a_table_json_and_plot(tmp_path):
     assert all(r["new_tokens"] == 6 and r["identical_to_plain"] for r in record["runs"])
     assert "| editing | specdec_draft |" in (tmp_path / f"{stem}.md").read_text()
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
+
+
+def test_bench_rejects_a_bad_prompt_file_before_loading_models(tmp_path, monkeypatch):
+    def no_models(args):
+        raise AssertionError("models loaded before the prompt file was checked")
+
+    monkeypatch.setattr(cli, "load_models", no_models)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    with pytest.raises(SystemExit, match=r"--prompt-file: .*prompts\.jsonl:2: not valid JSON"):
+        cli.main(["bench", "--model", "smollm2-135m", "--prompt-file", str(path)])
+    with pytest.raises(SystemExit, match="--prompt-file: .*missing.txt"):
+        cli.main(["bench", "--model", "smollm2-135m", "--prompt-file", str(tmp_path / "missing.txt")])
+
+
+@pytest.mark.real_model
+def test_bench_runs_the_sets_of_a_prompt_file(tmp_path):
+    import json
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "Say hello.", "set": "greet"}\n{"prompt": "Count to five."}\n'
+                    '{"prompt": "Say goodbye.", "set": "greet"}\n')
+    cli.main(["bench", "--model", "smollm2-135m", "--prompt-file", str(path), "--prompts", "1",
+              "--max-new-tokens", "4", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "bench_smollm2-135m_float32.json").read_text())
+    assert record["meta"]["prompt_file"] == str(path)
+    assert [(r["prompt_set"], r["prompt"]) for r in record["runs"] if r["method"] == "plain"] == [
+        ("greet", 0), ("custom", 0)]
+    assert {s["set"] for s in record["summary"]} == {"greet", "custom"}

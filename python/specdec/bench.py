@@ -1,6 +1,7 @@
 """``specdec bench``: our decoders next to plain generation and HF's assisted and prompt-lookup
 generation, on the same prompts, machine and run (greedy). Writes a markdown table, JSON and a
-PNG plot under ``--out``.
+PNG plot under ``--out``. The prompts are two built-in sets (code generation, code editing) or
+the sets of a ``--prompt-file`` (``load_prompts``).
 
 Every method runs on the same (prepared, unless ``--no-accelerate``) target, so the plain
 baseline gets the same fast one-token pass as the decoders.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ GENERATION_PROMPTS = [
     "Write a Python function is_prime(n) and use it to print the primes below 100.",
 ]
 
-_EDIT_SOURCE = '''def summarize(records):
+_RENAME_SOURCE = """def summarize(records):
     totals = {}
     counts = {}
     for record in records:
@@ -41,15 +43,116 @@ _EDIT_SOURCE = '''def summarize(records):
         average = totals[name] / counts[name]
         result.append({"name": name, "total": totals[name], "average": average})
     return result
-'''
+"""
+
+_TYPE_HINTS_SOURCE = """def read_config(path, defaults=None, required=()):
+    config = dict(defaults or {})
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if "=" not in line:
+                raise ValueError(f"{path}:{number}: expected key = value")
+            key, value = line.split("=", 1)
+            key, value = key.strip(), value.strip()
+            if value.isdigit():
+                value = int(value)
+            elif value.lower() in ("true", "false"):
+                value = value.lower() == "true"
+            config[key] = value
+    missing = [key for key in required if key not in config]
+    if missing:
+        raise KeyError("missing settings: " + ", ".join(missing))
+    return config
+"""
+
+_REFACTOR_SOURCE = """def order_report(orders):
+    by_customer = {}
+    for order in orders:
+        customer = order["customer"]
+        if customer not in by_customer:
+            by_customer[customer] = []
+        by_customer[customer].append(order)
+    report = []
+    for customer in sorted(by_customer):
+        customer_orders = by_customer[customer]
+        total = 0
+        largest = None
+        for order in customer_orders:
+            amount = order["quantity"] * order["unit_price"]
+            total = total + amount
+            if largest is None or amount > largest:
+                largest = amount
+        report.append((customer, len(customer_orders), round(total, 2), largest))
+    return report
+"""
+
+_DOCSTRING_SOURCE = """def paginate(items, page, per_page=20, max_per_page=100):
+    if per_page < 1 or per_page > max_per_page:
+        raise ValueError(f"per_page must be between 1 and {max_per_page}")
+    total = len(items)
+    pages = max(1, (total + per_page - 1) // per_page)
+    if page < 1 or page > pages:
+        raise IndexError(f"page {page} is out of range 1..{pages}")
+    start = (page - 1) * per_page
+    end = min(start + per_page, total)
+    return {
+        "items": items[start:end],
+        "page": page,
+        "per_page": per_page,
+        "total": total,
+        "pages": pages,
+        "has_previous": page > 1,
+        "has_next": page < pages,
+    }
+"""
 
 # Code editing: the answer repeats most of the prompt, which prompt lookup can copy.
 EDITING_PROMPTS = [
-    "Rename the variable `records` to `rows` in this function and return the full function:\n\n" + _EDIT_SOURCE,
-    "Add type hints to this function and return the full function:\n\n" + _EDIT_SOURCE,
-    "Rewrite this function to use collections.defaultdict and return the full function:\n\n" + _EDIT_SOURCE,
-    "Add a docstring to this function and return the full function:\n\n" + _EDIT_SOURCE,
+    "Rename the variable `records` to `rows` in this function and return the full function:\n\n"
+    + _RENAME_SOURCE,
+    "Add type hints to this function and return the full function:\n\n" + _TYPE_HINTS_SOURCE,
+    "Rewrite this function to use collections.defaultdict and return the full function:\n\n"
+    + _REFACTOR_SOURCE,
+    "Add a docstring to this function and return the full function:\n\n" + _DOCSTRING_SOURCE,
 ]
+
+
+def load_prompts(path: str | Path) -> dict[str, list[str]]:
+    """The prompt sets of a ``--prompt-file``, in the order they first appear.
+
+    A ``.jsonl`` file holds one JSON object per line, ``{"prompt": "...", "set": "..."}``
+    ("set" optional, default "custom"). Any other file holds one prompt per line, all in the
+    set "custom": ``\\n`` in a line stands for a newline, ``\\\\`` for one backslash. Blank
+    lines are skipped in both. Raises ValueError (with the line number) on a malformed line
+    or a file without prompts.
+    """
+    path = Path(path)
+    jsonl = path.suffix.lower() == ".jsonl"
+    sets: dict[str, list[str]] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            sets.setdefault("custom", []).append(
+                re.sub(r"\\([\\n])", lambda m: "\n" if m[1] == "n" else "\\", line))
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+        if not isinstance(item, dict):
+            raise ValueError(f"{path}:{number}: expected an object with a \"prompt\"")
+        prompt, set_name = item.get("prompt"), item.get("set", "custom")
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"{path}:{number}: \"prompt\" must be a non-empty string")
+        if not isinstance(set_name, str) or not set_name:
+            raise ValueError(f"{path}:{number}: \"set\" must be a non-empty string")
+        sets.setdefault(set_name, []).append(prompt)
+    if not sets:
+        raise ValueError(f"{path}: no prompts")
+    return sets
 
 
 @dataclass
@@ -77,7 +180,15 @@ def _hf_run(model, ids, max_new, **kw):
 def main(args: argparse.Namespace) -> None:
     import importlib.util
 
-    if importlib.util.find_spec("matplotlib") is None:  # before the long runs, not after
+    # Both checks before the models load and the long runs start, not after.
+    if args.prompt_file:
+        try:
+            sets = load_prompts(args.prompt_file)
+        except (OSError, ValueError) as e:  # ValueError includes UnicodeDecodeError
+            raise SystemExit(f"specdec bench: --prompt-file: {e}") from None
+    else:
+        sets = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS}
+    if importlib.util.find_spec("matplotlib") is None:
         raise SystemExit("specdec bench: the plot needs matplotlib: pip install 'specdec[bench]'")
     import specdec
     from specdec.cli import _encode, load_models, pad_token_id
@@ -85,7 +196,6 @@ def main(args: argparse.Namespace) -> None:
     target, tok, draft = load_models(args)
     costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16, 32))
     pad = pad_token_id(tok)
-    sets = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS}
     # One short unmeasured run of every method first: the first passes of a process pay for
     # oneDNN's kernel generation and first touches of memory, which would count against
     # whichever method ran first.
@@ -97,7 +207,9 @@ def main(args: argparse.Namespace) -> None:
         if args.draft_head_tokens:
             ours[f"specdec_draft_head{args.draft_head_tokens}"] = specdec.DraftModel(
                 draft, num_draft_tokens=8, adaptive=True, head_tokens=args.draft_head_tokens)
-    warm = _encode(tok, EDITING_PROMPTS[0], chat=True)
+    # The longest measured prompt, so the warm-up's prefill is as long as any measured one.
+    warm = _encode(tok, max((p for ps in sets.values() for p in ps[: args.prompts]), key=len),
+                   chat=True)
     _hf_run(target, warm, 8, pad_token_id=pad)
     for kw in hf.values():
         _hf_run(target, warm, 8, pad_token_id=pad, **kw)
@@ -168,7 +280,7 @@ def _write(args: argparse.Namespace, runs: list[Run], costs: dict[int, float]) -
     meta = {"model": args.model, "draft": args.draft, "dtype": args.dtype,
             "draft_dtype": args.draft_dtype or args.dtype,
             "accelerated": not args.no_accelerate, "max_new_tokens": args.max_new_tokens,
-            "repeats": args.repeats,
+            "repeats": args.repeats, "prompt_file": args.prompt_file,
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
             "pass_costs_ms": costs}
     (out / f"{stem}.json").write_text(json.dumps(

@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also run DraftModel(head_tokens=N); 0 leaves that run out")
     b.add_argument("--draft-dtype", choices=DTYPES, default=None,
                    help="the draft's dtype, for ours and HF assisted alike (default: --dtype)")
+    b.add_argument("--prompt-file", default=None,
+                   help="bench these prompts instead of the built-in sets: one per line (\\n for a "
+                        "newline), or .jsonl objects {\"prompt\": ..., \"set\": ...} (docs/benchmarks.md)")
     b.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
     b.add_argument("--repeats", type=int, default=1, help="runs of every method per prompt (interleaved)")
     b.add_argument("--out", default="bench/results", help="folder for the JSON, markdown and PNG")
