@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DEVICES
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from specdec import ops, reference
 
@@ -79,9 +80,9 @@ def test_opcheck_and_compile(device):
         assert torch.equal(got, want)
 
 
-def test_kv_commit_bad_inputs():
-    ks, vs = make_caches(2, 2, 2, 10, 4, torch.float32, "cpu")
-    lengths, src, n = torch.tensor([1, 2]), torch.tensor([[3, 4], [5, 6]]), torch.tensor([2, 1])
+def bad_calls(ks, vs, lengths, src, n, values: bool):
+    """(args, error, match) of kv_commit calls that must raise; ``values``: include the value
+    checks, which read the data (CPU tensors only)."""
     cases = [
         (([], [], lengths, src, n), ValueError, "k_caches is empty"),
         ((ks, vs[:1], lengths, src, n), ValueError, "v_caches has 1"),
@@ -93,14 +94,37 @@ def test_kv_commit_bad_inputs():
         ((ks, vs, lengths, src.int(), n), TypeError, "src_pos must have the dtype"),
         ((ks, vs, lengths, src[0], n), ValueError, "src_pos must have 2"),
         ((ks, vs, lengths, src, n[:1]), ValueError, "accept_len must have shape"),
-        ((ks, vs, lengths, src, torch.tensor([3, 0])), ValueError, r"accept_len\[0\] = 3"),
-        ((ks, vs, torch.tensor([9, 0]), src, n), ValueError, r"lengths\[0\] = 9"),
-        ((ks, vs, lengths, torch.tensor([[3, 10], [5, 6]]), n), ValueError, r"src_pos\[0, 1\] = 10"),
     ]
-    for args, exc, match in cases:
+    if values:
+        cases += [
+            ((ks, vs, lengths, src, torch.tensor([3, 0])), ValueError, r"accept_len\[0\] = 3"),
+            ((ks, vs, torch.tensor([9, 0]), src, n), ValueError, r"lengths\[0\] = 9"),
+            ((ks, vs, lengths, torch.tensor([[3, 10], [5, 6]]), n), ValueError, r"src_pos\[0, 1\] = 10"),
+        ]
+    return cases
+
+
+def test_kv_commit_bad_inputs():
+    ks, vs = make_caches(2, 2, 2, 10, 4, torch.float32, "cpu")
+    lengths, src, n = torch.tensor([1, 2]), torch.tensor([[3, 4], [5, 6]]), torch.tensor([2, 1])
+    for args, exc, match in bad_calls(ks, vs, lengths, src, n, values=True):
         with pytest.raises(exc, match=match):
             ops.kv_commit(*args)
     assert lengths.tolist() == [1, 2]  # nothing written by the failed calls
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fake_kernel_rejects_what_the_kernel_rejects(device):
+    # What torch.compile traces with: the same shape, dtype and device errors; correct calls pass.
+    mode = FakeTensorMode()
+    ks, vs = make_caches(2, 2, 2, 10, 4, torch.float32, device)
+    ks, vs = [mode.from_tensor(k) for k in ks], [mode.from_tensor(v) for v in vs]
+    lengths, src, n = (mode.from_tensor(torch.tensor(t, device=device)) for t in ([1, 2], [[3, 4], [5, 6]], [2, 1]))
+    with mode:
+        for args, exc, match in bad_calls(ks, vs, lengths, src, n, values=False):
+            with pytest.raises(exc, match=match):
+                ops.kv_commit(*args)
+        ops.kv_commit(ks, vs, lengths, src, n)
 
 
 # --- SpecCache on a tiny model ---------------------------------------------------------------------

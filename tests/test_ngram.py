@@ -5,6 +5,7 @@ import torch
 from support import assert_all_raise
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import specdec
 import specdec.reference as ref
@@ -315,9 +316,9 @@ def test_torch_compile_fullgraph(device):
         assert torch.equal(eager_x[k], compiled_x[k])
 
 
-def bad_calls(device):
-    """(description, call, match): each call must raise ValueError/TypeError matching `match`."""
-    x = example(device)
+def bad_calls(x, values: bool):
+    """(description, call, match): each call must raise ValueError/TypeError matching `match`.
+    ``values``: include the value checks, which read the data (CPU tensors only)."""
     ctx, lens = x["context"], x["context_len"]
     head, entries, cursor, grams, last = x["head"], x["entries"], x["cursor"], x["ngrams"], x["last_ids"]
     m, ins, look = ops.ngram_match, ops.ngram_pool_insert, ops.ngram_pool_lookup
@@ -357,7 +358,7 @@ def bad_calls(device):
         ("count dtype", lambda: T_OPS.ngram_pool_lookup(
             head, entries, last, candidates=head.new_empty(3, 3, 2), count=head.new_empty(3).int()), "count"),
     ]
-    if device == "cpu":  # value checks read the data: CPU tensors only (docs/ops.md)
+    if values:
         def with_value(t, index, value):
             t = t.clone()
             t[index] = value
@@ -373,7 +374,7 @@ def bad_calls(device):
             ("last id below -1", lambda: look(head, entries, with_value(last, 2, -3), 3), "last_ids"),
         ]
     if torch.cuda.is_available():
-        other = "cpu" if device == "cuda" else "cuda"
+        other = "cpu" if ctx.is_cuda else "cuda"
         cases += [
             ("context_len on another device", lambda: m(ctx, lens.to(other)), "context_len"),
             ("entries on another device", lambda: ins(head, entries.to(other), cursor, grams, 3), "entries"),
@@ -384,7 +385,18 @@ def bad_calls(device):
 
 
 def test_bad_input_raises_clear_errors(device):
-    assert_all_raise(bad_calls(device))
+    # Value checks read the data: CPU tensors only (docs/ops.md).
+    assert_all_raise(bad_calls(example(device), values=device == "cpu"))
+
+
+def test_fake_kernels_reject_what_the_kernels_reject(device):
+    # What torch.compile traces with: the same shape, dtype and device errors; correct calls pass.
+    mode = FakeTensorMode()
+    x = {k: mode.from_tensor(v) for k, v in example(device).items()}
+    with mode:
+        assert_all_raise(bad_calls(x, values=False))
+        for op, args, kwargs in op_calls(x):
+            op(*args, **kwargs)
 
 
 def test_bad_input_changes_nothing(device):

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from support import assert_all_raise, random_probs
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import specdec
 from specdec import ops
@@ -80,6 +81,23 @@ def test_torch_compile_fullgraph(device):
         assert torch.equal(e, c)
 
 
+def test_torch_compile_reports_a_wrong_shape_while_tracing(device):
+    x = example_inputs(device)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def step(p):
+        return ops.chain_speculative_sampling(None, x["draft_ids"], p, x["uniform"])
+
+    with pytest.raises(Exception, match=r"target_probs must have shape"):
+        step(x["target_probs"][:, 1:])
+    assert not graphs  # the fake kernel raised: no graph was made, let alone run
+
+
 def test_outputs_can_be_preallocated_and_reused(device):
     x = example_inputs(device, torch.int32)
     op, args, kwargs = op_calls(x)[0]
@@ -90,9 +108,9 @@ def test_outputs_can_be_preallocated_and_reused(device):
     assert kwargs["out_ids"].dtype == torch.int32
 
 
-def bad_calls(device):
-    """(description, call, match): each call must raise ValueError/TypeError matching `match`."""
-    x = example_inputs(device)
+def bad_calls(x, values: bool):
+    """(description, call, match): each call must raise ValueError/TypeError matching `match`.
+    ``values``: include the value checks, which read the data (CPU tensors only)."""
     ids, q, p, u = x["draft_ids"], x["draft_probs"], x["target_probs"], x["uniform"]
     par, tok, tp, tu = x["parents"], x["tree_tokens"], x["tree_probs"], x["tree_uniform"]
     cs, cg = ops.chain_speculative_sampling, ops.chain_greedy_verify
@@ -130,7 +148,7 @@ def bad_calls(device):
         ("out not contiguous", lambda: T_OPS.chain_greedy_verify(
             ids, x["logits"], out_ids=ids.new_empty(5, 3).t(), accept_len=ids.new_empty(3)), "out_ids"),
     ]
-    if device == "cpu":  # value checks read the data: CPU tensors only (docs/ops.md)
+    if values:
         bad_ids = ids.clone()
         bad_ids[1, 2] = 11
         neg_tok = tok.clone()
@@ -147,7 +165,7 @@ def bad_calls(device):
                                        torch.ones(1, 2, 1), torch.rand(1, 2)), "not a tree"),
         ]
     if torch.cuda.is_available():
-        other = "cpu" if device == "cuda" else "cuda"
+        other = "cpu" if ids.is_cuda else "cuda"
         cases += [
             ("target on another device", lambda: cs(q, ids, p.to(other), u), "target_probs"),
             ("uniform on another device", lambda: ts(tok, par, tp, tu.to(other)), "uniform"),
@@ -157,7 +175,24 @@ def bad_calls(device):
 
 
 def test_bad_input_raises_clear_errors(device):
-    assert_all_raise(bad_calls(device))
+    # Value checks read the data: CPU tensors only (docs/ops.md).
+    assert_all_raise(bad_calls(example_inputs(device), values=device == "cpu"))
+
+
+def test_fake_kernels_reject_what_the_kernels_reject(device):
+    # torch.compile traces with fake tensors: wrong shapes, dtypes and devices must raise there
+    # too, with the same errors (fake tensors hold no values, so value checks are left out),
+    # and correct calls must pass.
+    mode = FakeTensorMode()
+    x = {k: mode.from_tensor(v) for k, v in example_inputs(device).items()}
+    with mode:
+        assert_all_raise(bad_calls(x, values=False))
+        for op, args, kwargs in op_calls(x):
+            op(*args, **kwargs)
+        out, n = ops.chain_speculative_sampling(None, x["draft_ids"], x["target_probs"], x["uniform"])
+        assert isinstance(out, torch._subclasses.fake_tensor.FakeTensor) and out.shape == (3, 5)
+        with pytest.raises(ValueError, match=r"target_probs must have shape \[3, 5, \*\]"):
+            ops.chain_speculative_sampling(None, x["draft_ids"], x["target_probs"][:, 1:], x["uniform"])
 
 
 def test_bad_input_writes_nothing(device):

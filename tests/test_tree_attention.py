@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICES
+from torch._subclasses.fake_tensor import FakeTensorMode
 from support import random_parents
 
 from specdec import ops, reference
@@ -124,8 +125,9 @@ def test_compile_fullgraph(device):
     torch.testing.assert_close(f(q, k, v, prefix_len, mask), ops.tree_attention(q * 2, k, v, prefix_len, mask) + 1)
 
 
-def test_bad_inputs():
-    q, k, v, prefix_len, mask = make_inputs(2, 4, 2, 5, 16, 20, torch.float32, "cpu")
+def bad_calls(q, k, v, prefix_len, mask, values: bool):
+    """(args, error, match) of tree_attention calls that must raise; ``values``: include the
+    value checks, which read the data (CPU tensors only)."""
     cases = [
         ((q[0], k, v, prefix_len, mask), ValueError, "q must have 4"),
         ((q.long(), k, v, prefix_len, mask), TypeError, "q must be a floating"),
@@ -139,13 +141,34 @@ def test_bad_inputs():
         ((q, k, v, prefix_len[:1], mask), ValueError, "prefix_len must have shape"),
         ((q, k, v, prefix_len, mask.int()), TypeError, "tree_mask must be bool"),
         ((q, k, v, prefix_len, mask[:, :4]), ValueError, "tree_mask must have shape"),
-        ((q, k, v, torch.tensor([0, 16]), mask), ValueError, r"prefix_len\[1\] = 16"),
-        ((q, k, v, torch.tensor([-1, 0]), mask), ValueError, r"prefix_len\[0\] = -1"),
     ]
-    for args, exc, match in cases:
+    if values:
+        cases += [
+            ((q, k, v, torch.tensor([0, 16]), mask), ValueError, r"prefix_len\[1\] = 16"),
+            ((q, k, v, torch.tensor([-1, 0]), mask), ValueError, r"prefix_len\[0\] = -1"),
+        ]
+    return cases
+
+
+def assert_bad_calls_raise(q, k, v, prefix_len, mask, values: bool):
+    for args, exc, match in bad_calls(q, k, v, prefix_len, mask, values):
         with pytest.raises(exc, match=match):
             ops.tree_attention(*args)
     with pytest.raises(ValueError, match="output out must have shape"):
-        torch.ops.specdec.tree_attention(q, k, v, prefix_len, mask, out=torch.empty(2, 4, 5, 8))
+        torch.ops.specdec.tree_attention(q, k, v, prefix_len, mask, out=q.new_empty(2, 4, 5, 8))
     with pytest.raises(TypeError, match="output out must be"):
         torch.ops.specdec.tree_attention(q, k, v, prefix_len, mask, out=torch.empty_like(q).double())
+
+
+def test_bad_inputs():
+    assert_bad_calls_raise(*make_inputs(2, 4, 2, 5, 16, 20, torch.float32, "cpu"), values=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fake_kernel_rejects_what_the_kernel_rejects(device):
+    # What torch.compile traces with: the same shape, dtype and device errors; correct calls pass.
+    mode = FakeTensorMode()
+    inputs = [mode.from_tensor(t) for t in make_inputs(2, 4, 2, 5, 16, 20, torch.float32, device)]
+    with mode:
+        assert_bad_calls_raise(*inputs, values=False)
+        assert ops.tree_attention(*inputs).shape == (2, 4, 5, 16)

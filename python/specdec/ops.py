@@ -3,7 +3,7 @@
 The compiled ops take their outputs as preallocated out-arguments (``Tensor(a!)``), so engines
 can reuse buffers and capture CUDA graphs; the functions here allocate them and return them.
 Every op checks shapes, dtypes and devices and raises a ``ValueError``/``TypeError`` naming the
-argument. Values (token ids in the vocabulary, ``parents`` being a tree) are checked on CPU
+argument; the fake kernels make the same checks, so torch.compile raises them while tracing. Values (token ids in the vocabulary, ``parents`` being a tree) are checked on CPU
 tensors; CUDA kernels cannot raise without a host synchronisation, so there an invalid value is
 handled safely instead (never read or written out of bounds; see docs/ops.md).
 
@@ -442,24 +442,147 @@ def kv_commit(
 
 
 # ---- fake kernels ------------------------------------------------------------------------------
+# The ops only write their out-arguments, so the fake kernels compute nothing; they check what
+# the C++ checks (csrc/op_args.cpp) check without reading data, with the same error types and
+# messages, so that torch.compile reports a wrong shape, dtype or device at trace time. Sizes may
+# be symbolic: every comparison goes to torch._check_* as it is, never through bool().
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def _fail_unless(cond, op: str, message, error=torch._check_value) -> None:
+    error(cond, lambda: f"specdec.{op}: {message() if callable(message) else message}")
+
+
+def _shape_str(shape) -> str:
+    return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
+def _check_index(t: Tensor, op: str, name: str, dim: int) -> None:
+    _fail_unless(t.dtype in _INDEX_DTYPES, op,
+                 lambda: f"{name} must be int64 or int32, got {t.dtype}", torch._check_type)
+    _fail_unless(t.dim() == dim, op,
+                 lambda: f"{name} must have {dim} dimensions, got shape {list(t.shape)}")
+
+
+def _check_probs(t: Tensor, op: str, name: str, dim: int) -> None:
+    _fail_unless(t.is_floating_point(), op,
+                 lambda: f"{name} must be a floating tensor (float32, float16, bfloat16), "
+                 f"got {t.dtype}", torch._check_type)
+    _fail_unless(t.dim() == dim, op,
+                 lambda: f"{name} must have {dim} dimensions, got shape {list(t.shape)}")
+
+
+def _check_shape(t: Tensor, op: str, name: str, shape, *, output: bool = False) -> None:
+    """``shape``: a None entry matches any size (any size >= 1 for an output)."""
+    label = f"output {name}" if output else name
+    message = lambda: f"{label} must have shape {_shape_str(shape)}, got {list(t.shape)}"  # noqa: E731
+    _fail_unless(t.dim() == len(shape), op, message)
+    for size, want in zip(t.shape, shape):
+        if want is not None:
+            _fail_unless(size == want, op, message)
+        elif output:
+            _fail_unless(size >= 1, op, message)
+
+
+def _check_same_dtype(t: Tensor, ref: Tensor, op: str, name: str, ref_name: str) -> None:
+    _fail_unless(t.dtype == ref.dtype, op,
+                 lambda: f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {t.dtype}",
+                 torch._check_type)
+
+
+def _check_device(t: Tensor, ref: Tensor, op: str, name: str) -> None:
+    _fail_unless(t.device == ref.device, op,
+                 lambda: f"{name} is on {t.device} but the other arguments are on {ref.device}")
+
+
+def _check_uniform(t: Tensor, op: str, shape) -> None:
+    _fail_unless(t.dtype == torch.float32, op,
+                 lambda: f"uniform must be float32, got {t.dtype}", torch._check_type)
+    _check_shape(t, op, "uniform", shape)
+
+
+def _check_out(out: Tensor, ref: Tensor, op: str, name: str, shape, dtype: torch.dtype) -> None:
+    _check_device(out, ref, op, name)
+    _fail_unless(out.dtype == dtype, op,
+                 lambda: f"output {name} must be {dtype}, got {out.dtype}", torch._check_type)
+    _check_shape(out, op, name, shape, output=True)
+    _fail_unless(out.is_contiguous(), op, f"output {name} must be contiguous")
+
+
+def _check_target(target: Tensor, ids: Tensor, op: str, B, N) -> None:
+    """A greedy op's target: token ids [B, N] (ids' dtype) or logits [B, N, V]."""
+    _check_device(target, ids, op, "target")
+    if target.is_floating_point():
+        _check_shape(target, op, "target", (B, N, None))
+        _fail_unless(target.shape[2] >= 1, op, "target logits have an empty vocabulary")
+        return
+    _check_index(target, op, "target", 2)
+    _check_same_dtype(target, ids, op, "target", "the draft token ids")
+    _check_shape(target, op, "target", (B, N))
+
+
+def _check_tree_outputs(op, tree_tokens, parents, accept_path, accept_len, next_token):
+    _check_index(tree_tokens, op, "tree_tokens", 2)
+    B, T = tree_tokens.shape
+    _fail_unless(T >= 1, op, "tree_tokens needs at least the root node")
+    _check_index(parents, op, "parents", 2)
+    _check_shape(parents, op, "parents", (B, T))
+    _check_same_dtype(parents, tree_tokens, op, "parents", "tree_tokens")
+    _check_device(parents, tree_tokens, op, "parents")
+    _check_out(accept_path, tree_tokens, op, "accept_path", (B, None), tree_tokens.dtype)
+    _check_out(accept_len, tree_tokens, op, "accept_len", (B,), tree_tokens.dtype)
+    _check_out(next_token, tree_tokens, op, "next_token", (B,), tree_tokens.dtype)
+    return B, T
+
+
 @torch.library.register_fake("specdec::chain_speculative_sampling")
 def _(draft_probs, draft_ids, target_probs, uniform, *, out_ids, accept_len):
-    return None
+    op = "chain_speculative_sampling"
+    _check_index(draft_ids, op, "draft_ids", 2)
+    B, K = draft_ids.shape
+    _check_probs(target_probs, op, "target_probs", 3)
+    _check_shape(target_probs, op, "target_probs", (B, K + 1, None))
+    V = target_probs.shape[2]
+    _fail_unless(V >= 1, op, "target_probs has an empty vocabulary")
+    _check_device(target_probs, draft_ids, op, "target_probs")
+    if draft_probs is not None:
+        _check_probs(draft_probs, op, "draft_probs", 3)
+        _check_shape(draft_probs, op, "draft_probs", (B, K, V))
+        _check_same_dtype(draft_probs, target_probs, op, "draft_probs", "target_probs")
+        _check_device(draft_probs, draft_ids, op, "draft_probs")
+    _check_uniform(uniform, op, (B, K + 1))
+    _check_device(uniform, draft_ids, op, "uniform")
+    _check_out(out_ids, draft_ids, op, "out_ids", (B, K + 1), draft_ids.dtype)
+    _check_out(accept_len, draft_ids, op, "accept_len", (B,), draft_ids.dtype)
 
 
 @torch.library.register_fake("specdec::chain_greedy_verify")
 def _(draft_ids, target, *, out_ids, accept_len):
-    return None
+    op = "chain_greedy_verify"
+    _check_index(draft_ids, op, "draft_ids", 2)
+    B, K = draft_ids.shape
+    _check_out(out_ids, draft_ids, op, "out_ids", (B, K + 1), draft_ids.dtype)
+    _check_out(accept_len, draft_ids, op, "accept_len", (B,), draft_ids.dtype)
+    _check_target(target, draft_ids, op, B, K + 1)
 
 
 @torch.library.register_fake("specdec::build_tree")
 def _(parents, *, tree_mask, depth, paths):
-    return None
+    op = "build_tree"
+    _check_index(parents, op, "parents", 2)
+    B, T = parents.shape
+    _fail_unless(T >= 1, op, "parents needs at least the root node")
+    _check_out(tree_mask, parents, op, "tree_mask", (B, T, T), torch.bool)
+    _check_out(depth, parents, op, "depth", (B, T), parents.dtype)
+    _check_out(paths, parents, op, "paths", (B, None, None), parents.dtype)
 
 
 @torch.library.register_fake("specdec::tree_verify_greedy")
 def _(tree_tokens, parents, target, *, accept_path, accept_len, next_token):
-    return None
+    op = "tree_verify_greedy"
+    B, T = _check_tree_outputs(op, tree_tokens, parents, accept_path, accept_len, next_token)
+    _check_target(target, tree_tokens, op, B, T)
 
 
 @torch.library.register_fake("specdec::tree_speculative_sampling")
@@ -476,29 +599,148 @@ def _(
     accept_len,
     next_token,
 ):
-    return None
+    op = "tree_speculative_sampling"
+    B, T = _check_tree_outputs(op, tree_tokens, parents, accept_path, accept_len, next_token)
+    _check_probs(target_probs, op, "target_probs", 3)
+    _check_shape(target_probs, op, "target_probs", (B, T, None))
+    V = target_probs.shape[2]
+    _fail_unless(V >= 1, op, "target_probs has an empty vocabulary")
+    _check_device(target_probs, tree_tokens, op, "target_probs")
+    _check_uniform(uniform, op, (B, T))
+    _check_device(uniform, tree_tokens, op, "uniform")
+    if draft_probs is not None:
+        _fail_unless(posterior_threshold is None, op,
+                     "typical acceptance (posterior_threshold) takes no draft_probs")
+        _check_probs(draft_probs, op, "draft_probs", 3)
+        _check_shape(draft_probs, op, "draft_probs", (B, T, V))
+        _check_same_dtype(draft_probs, target_probs, op, "draft_probs", "target_probs")
+        _check_device(draft_probs, tree_tokens, op, "draft_probs")
+    if posterior_threshold is not None:
+        _fail_unless(0.0 <= posterior_threshold <= 1.0, op,
+                     f"posterior_threshold must be in [0, 1], got {posterior_threshold}")
+        _fail_unless(posterior_alpha >= 0.0, op,
+                     f"posterior_alpha must be >= 0, got {posterior_alpha}")
 
 
 @torch.library.register_fake("specdec::ngram_match")
 def _(context, context_len, min_n, max_n, earliest=False, *, draft, draft_len):
-    return None
+    op = "ngram_match"
+    _check_index(context, op, "context", 2)
+    B = context.shape[0]
+    _check_index(context_len, op, "context_len", 1)
+    _check_shape(context_len, op, "context_len", (B,))
+    _check_same_dtype(context_len, context, op, "context_len", "context")
+    _check_device(context_len, context, op, "context_len")
+    _fail_unless(min_n >= 1, op, f"min_n must be >= 1, got {min_n}")
+    _fail_unless(max_n >= min_n, op, f"max_n ({max_n}) must be >= min_n ({min_n})")
+    _check_out(draft, context, op, "draft", (B, None), context.dtype)
+    _check_out(draft_len, context, op, "draft_len", (B,), context.dtype)
+
+
+def _check_pool_tables(op: str, head: Tensor, entries: Tensor):
+    _check_index(head, op, "head", 2)
+    B, V = head.shape
+    _fail_unless(V >= 1, op, "head must have one entry per token (V >= 1)")
+    _check_index(entries, op, "entries", 3)
+    _check_shape(entries, op, "entries", (B, None, None))
+    _check_same_dtype(entries, head, op, "entries", "head")
+    _check_device(entries, head, op, "entries")
+    C, N = entries.shape[1], entries.shape[2] - 1
+    message = lambda: ("entries must have shape [B, C, N + 1] with C >= 1 slots and n-grams of "  # noqa: E731
+                       f"N >= 2 tokens, got {list(entries.shape)}")
+    _fail_unless(C >= 1, op, message)
+    _fail_unless(N >= 2, op, message)
+    for t in (head, entries):
+        _fail_unless(t.is_contiguous(), op, "head and entries must be contiguous")
+    return B, N
 
 
 @torch.library.register_fake("specdec::ngram_pool_insert")
 def _(head, entries, cursor, ngrams, g):
-    return None
+    op = "ngram_pool_insert"
+    B, N = _check_pool_tables(op, head, entries)
+    _check_index(cursor, op, "cursor", 1)
+    _check_shape(cursor, op, "cursor", (B,))
+    _check_same_dtype(cursor, head, op, "cursor", "head")
+    _check_device(cursor, head, op, "cursor")
+    _fail_unless(cursor.is_contiguous(), op, "cursor must be contiguous")
+    _check_index(ngrams, op, "ngrams", 3)
+    _check_shape(ngrams, op, "ngrams", (B, None, N))
+    _check_same_dtype(ngrams, head, op, "ngrams", "head")
+    _check_device(ngrams, head, op, "ngrams")
+    _fail_unless(g >= 1, op, f"g must be >= 1, got {g}")
 
 
 @torch.library.register_fake("specdec::ngram_pool_lookup")
 def _(head, entries, last_ids, *, candidates, count):
-    return None
+    op = "ngram_pool_lookup"
+    B, N = _check_pool_tables(op, head, entries)
+    _check_index(last_ids, op, "last_ids", 1)
+    _check_shape(last_ids, op, "last_ids", (B,))
+    _check_same_dtype(last_ids, head, op, "last_ids", "head")
+    _check_device(last_ids, head, op, "last_ids")
+    _check_out(candidates, head, op, "candidates", (B, None, N - 1), head.dtype)
+    _check_out(count, head, op, "count", (B,), head.dtype)
 
 
 @torch.library.register_fake("specdec::tree_attention")
 def _(q, k_cache, v_cache, prefix_len, tree_mask=None, scale=None, *, out):
-    return None
+    op = "tree_attention"
+    _check_probs(q, op, "q", 4)
+    B, H, T, D = q.shape
+    for size in (H, T, D):
+        _fail_unless(size >= 1, op, lambda: f"q must have H, T and D >= 1, got shape {list(q.shape)}")
+    for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        _check_probs(t, op, name, 4)
+        _check_same_dtype(t, q, op, name, "q")
+        _check_device(t, q, op, name)
+        _fail_unless(t.stride(3) == 1, op,
+                     f"{name} must be contiguous in its last (head) dimension")
+    _check_shape(k_cache, op, "k_cache", (B, None, None, D))
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    heads = lambda: f"the {H} query heads of q must be a multiple of the {Hkv} heads of k_cache"  # noqa: E731
+    _fail_unless(Hkv >= 1, op, heads)  # first: H % 0 would raise ZeroDivisionError
+    _fail_unless(H % Hkv == 0, op, heads)
+    _fail_unless(S >= T, op,
+                 lambda: f"k_cache holds {S} positions, fewer than the {T} tokens of q")
+    _check_shape(v_cache, op, "v_cache", (B, Hkv, S, D))
+    _check_index(prefix_len, op, "prefix_len", 1)
+    _check_shape(prefix_len, op, "prefix_len", (B,))
+    _check_device(prefix_len, q, op, "prefix_len")
+    if tree_mask is not None:
+        _fail_unless(tree_mask.dtype == torch.bool, op,
+                     lambda: f"tree_mask must be bool, got {tree_mask.dtype}", torch._check_type)
+        _check_shape(tree_mask, op, "tree_mask", (B, T, T))
+        _check_device(tree_mask, q, op, "tree_mask")
+    _check_out(out, q, op, "out", (B, H, T, D), q.dtype)
 
 
 @torch.library.register_fake("specdec::kv_commit")
 def _(k_caches, v_caches, lengths, src_pos, accept_len):
-    return None
+    op = "kv_commit"
+    _fail_unless(len(k_caches) >= 1, op, "k_caches is empty")
+    _fail_unless(len(v_caches) == len(k_caches), op,
+                 f"k_caches has {len(k_caches)} layers but v_caches has {len(v_caches)}")
+    k0, v0 = k_caches[0], v_caches[0]
+    _check_probs(k0, op, "k_caches", 4)
+    B, S = k0.shape[0], k0.shape[2]
+    _check_probs(v0, op, "v_caches", 4)
+    _check_shape(v0, op, "v_caches", (B, None, S, None))
+    for caches, ref, name in ((k_caches, k0, "k_caches"), (v_caches, v0, "v_caches")):
+        for c in caches:
+            _check_same_dtype(c, k0, op, name, "k_caches[0]")
+            _check_device(c, k0, op, name)
+            _check_shape(c, op, name, tuple(ref.shape))
+            _fail_unless(c.is_contiguous(), op, f"every tensor of {name} must be contiguous")
+    _check_index(lengths, op, "lengths", 1)
+    _check_shape(lengths, op, "lengths", (B,))
+    _check_device(lengths, k0, op, "lengths")
+    _fail_unless(lengths.is_contiguous(), op, "lengths must be contiguous")
+    _check_index(src_pos, op, "src_pos", 2)
+    _check_shape(src_pos, op, "src_pos", (B, None))
+    _check_same_dtype(src_pos, lengths, op, "src_pos", "lengths")
+    _check_device(src_pos, k0, op, "src_pos")
+    _check_index(accept_len, op, "accept_len", 1)
+    _check_shape(accept_len, op, "accept_len", (B,))
+    _check_same_dtype(accept_len, lengths, op, "accept_len", "lengths")
+    _check_device(accept_len, k0, op, "accept_len")
