@@ -85,11 +85,13 @@ void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, co
   AT_DISPATCH_INDEX_TYPES(flat.scalar_type(), "check_ids_in_range", [&] {
     const index_t* data = flat.const_data_ptr<index_t>();
     for (int64_t i = 0; i < flat.numel(); ++i) {
-      const bool ok = (data[i] >= 0 && data[i] < vocab) || (allow_padding && data[i] == -1);
-      TORCH_CHECK_VALUE(ok, "specdec.", op, ": ", name,
-                        " holds the token id ", static_cast<int64_t>(data[i]),
-                        ", outside the vocabulary [0, ", vocab, ")",
-                        allow_padding ? " (-1 marks a padding node)" : "");
+      const int64_t id = data[i];
+      const bool in_vocab = id >= 0 && (vocab == kAnyVocab || id < vocab);
+      TORCH_CHECK_VALUE(in_vocab || (allow_padding && id == -1), "specdec.", op, ": ", name,
+                        " holds the token id ", id, ", ",
+                        vocab == kAnyVocab ? std::string("not a token id (>= 0)")
+                                           : "outside the vocabulary [0, " + std::to_string(vocab) + ")",
+                        allow_padding ? " and not -1 (padding)" : "");
     }
   });
 }
@@ -115,17 +117,23 @@ void check_parents(const at::Tensor& parents, const char* op) {
   });
 }
 
-at::Tensor target_ids_from(const at::Tensor& target, const at::Tensor& ids_like, const char* op,
-                           int64_t B, int64_t N) {
+int64_t check_target(const at::Tensor& target, const at::Tensor& ids_like, const char* op,
+                     int64_t B, int64_t N) {
   check_device(target, ids_like, op, "target");
   if (at::isFloatingType(target.scalar_type())) {
     check_shape(target, op, "target", {B, N, -1});
     TORCH_CHECK_VALUE(target.size(2) >= 1, "specdec.", op, ": target logits have an empty vocabulary");
-    return at::argmax(target, -1).to(ids_like.scalar_type());
+    return target.size(2);
   }
   check_index(target, op, "target", 2);
   check_same_dtype(target, ids_like, op, "target", "the draft token ids");
   check_shape(target, op, "target", {B, N});
+  return kAnyVocab;
+}
+
+at::Tensor target_ids(const at::Tensor& target, const at::Tensor& ids_like) {
+  if (at::isFloatingType(target.scalar_type()))
+    return at::argmax(target, -1).to(ids_like.scalar_type());
   return target.contiguous();
 }
 
@@ -155,14 +163,20 @@ ChainDims check_chain_sampling(const std::optional<at::Tensor>& draft_probs,
   return {B, K, V};
 }
 
-ChainDims check_chain_greedy(const at::Tensor& draft_ids, const at::Tensor& out_ids,
-                             const at::Tensor& accept_len) {
+ChainDims check_chain_greedy(const at::Tensor& draft_ids, const at::Tensor& target,
+                             const at::Tensor& out_ids, const at::Tensor& accept_len) {
   const char* op = "chain_greedy_verify";
   check_index(draft_ids, op, "draft_ids", 2);
   const int64_t B = draft_ids.size(0), K = draft_ids.size(1);
   check_out(out_ids, draft_ids, op, "out_ids", {B, K + 1}, draft_ids.scalar_type());
   check_out(accept_len, draft_ids, op, "accept_len", {B}, draft_ids.scalar_type());
-  return {B, K, 0};
+  const int64_t V = check_target(target, draft_ids, op, B, K + 1);
+  if (draft_ids.is_cpu()) {
+    check_ids_in_range(draft_ids, V, op, "draft_ids");
+    // The target's tokens are emitted: they must be token ids too.
+    if (V == kAnyVocab) check_ids_in_range(target, V, op, "target");
+  }
+  return {B, K, V};
 }
 
 TreeDims check_build_tree(const at::Tensor& parents, const at::Tensor& tree_mask,
@@ -178,9 +192,12 @@ TreeDims check_build_tree(const at::Tensor& parents, const at::Tensor& tree_mask
   return {B, T, 0, paths.size(2)};
 }
 
-TreeDims check_tree_verify(const char* op, const at::Tensor& tree_tokens, const at::Tensor& parents,
-                           const at::Tensor& accept_path, const at::Tensor& accept_len,
-                           const at::Tensor& next_token) {
+namespace {
+
+// What the tree verification ops share: the tree and the outputs.
+TreeDims check_tree_outputs(const char* op, const at::Tensor& tree_tokens,
+                            const at::Tensor& parents, const at::Tensor& accept_path,
+                            const at::Tensor& accept_len, const at::Tensor& next_token) {
   check_index(tree_tokens, op, "tree_tokens", 2);
   const int64_t B = tree_tokens.size(0), T = tree_tokens.size(1);
   TORCH_CHECK_VALUE(T >= 1, "specdec.", op, ": tree_tokens needs at least the root node");
@@ -196,6 +213,28 @@ TreeDims check_tree_verify(const char* op, const at::Tensor& tree_tokens, const 
   return {B, T, 0, accept_path.size(1)};
 }
 
+// The root's token is the last committed one and is never read; -1 marks padding nodes (rows
+// with fewer candidates than T), which are never accepted.
+void check_tree_tokens(const at::Tensor& tree_tokens, int64_t vocab, const char* op) {
+  check_ids_in_range(tree_tokens.slice(1, 1), vocab, op, "tree_tokens", /*allow_padding=*/true);
+}
+
+}  // namespace
+
+TreeDims check_tree_greedy(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                           const at::Tensor& target, const at::Tensor& accept_path,
+                           const at::Tensor& accept_len, const at::Tensor& next_token) {
+  const char* op = "tree_verify_greedy";
+  TreeDims d = check_tree_outputs(op, tree_tokens, parents, accept_path, accept_len, next_token);
+  d.V = check_target(target, tree_tokens, op, d.B, d.T);
+  if (tree_tokens.is_cpu()) {
+    check_tree_tokens(tree_tokens, d.V, op);
+    // The target's tokens are emitted: they must be token ids too.
+    if (d.V == kAnyVocab) check_ids_in_range(target, d.V, op, "target");
+  }
+  return d;
+}
+
 TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& parents,
                              const at::Tensor& target_probs, const at::Tensor& uniform,
                              const std::optional<at::Tensor>& draft_probs,
@@ -203,7 +242,7 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
                              const at::Tensor& accept_path, const at::Tensor& accept_len,
                              const at::Tensor& next_token) {
   const char* op = "tree_speculative_sampling";
-  TreeDims d = check_tree_verify(op, tree_tokens, parents, accept_path, accept_len, next_token);
+  TreeDims d = check_tree_outputs(op, tree_tokens, parents, accept_path, accept_len, next_token);
   check_probs(target_probs, op, "target_probs", 3);
   check_shape(target_probs, op, "target_probs", {d.B, d.T, -1});
   d.V = target_probs.size(2);
@@ -225,11 +264,7 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
     TORCH_CHECK_VALUE(posterior_alpha >= 0.0, "specdec.", op,
                       ": posterior_alpha must be >= 0, got ", posterior_alpha);
   }
-  if (tree_tokens.is_cpu()) {
-    // The root's token is the last committed one and is never read; -1 marks padding nodes
-    // (rows with fewer candidates than T), which are never accepted.
-    check_ids_in_range(tree_tokens.slice(1, 1), d.V, op, "tree_tokens", /*allow_padding=*/true);
-  }
+  if (tree_tokens.is_cpu()) check_tree_tokens(tree_tokens, d.V, op);
   return d;
 }
 
@@ -238,18 +273,6 @@ at::Tensor node_entropy(const at::Tensor& target_probs) {
 }
 
 // ---- n-gram ops (prompt lookup, lookahead n-gram pool) ----------------------------------------
-void check_ids_or_padding(const at::Tensor& ids, int64_t vocab, const char* op, const char* name) {
-  const at::Tensor flat = ids.contiguous();
-  AT_DISPATCH_INDEX_TYPES(flat.scalar_type(), "check_ids_or_padding", [&] {
-    const index_t* data = flat.const_data_ptr<index_t>();
-    for (int64_t i = 0; i < flat.numel(); ++i) {
-      TORCH_CHECK_VALUE(data[i] >= -1 && data[i] < vocab, "specdec.", op, ": ", name,
-                        " holds the token id ", static_cast<int64_t>(data[i]),
-                        ", outside the vocabulary [0, ", vocab, ") and not -1 (padding)");
-    }
-  });
-}
-
 NGramMatchDims check_ngram_match(const at::Tensor& context, const at::Tensor& context_len,
                                  int64_t min_n, int64_t max_n, const at::Tensor& draft,
                                  const at::Tensor& draft_len) {
@@ -315,7 +338,7 @@ PoolDims check_ngram_pool_insert(const at::Tensor& head, const at::Tensor& entri
   check_device(ngrams, head, op, "ngrams");
   TORCH_CHECK_VALUE(g >= 1, "specdec.", op, ": g must be >= 1, got ", g);
   if (head.is_cpu()) {
-    check_ids_or_padding(ngrams, d.V, op, "ngrams");
+    check_ids_in_range(ngrams, d.V, op, "ngrams", /*allow_padding=*/true);
     AT_DISPATCH_INDEX_TYPES(cursor.scalar_type(), "check_ngram_pool_insert", [&] {
       const index_t* c = cursor.const_data_ptr<index_t>();
       for (int64_t b = 0; b < d.B; ++b)
@@ -338,7 +361,7 @@ PoolDims check_ngram_pool_lookup(const at::Tensor& head, const at::Tensor& entri
   check_device(last_ids, head, op, "last_ids");
   check_out(candidates, head, op, "candidates", {d.B, -1, d.N - 1}, head.scalar_type());
   check_out(count, head, op, "count", {d.B}, head.scalar_type());
-  if (last_ids.is_cpu()) check_ids_or_padding(last_ids, d.V, op, "last_ids");
+  if (last_ids.is_cpu()) check_ids_in_range(last_ids, d.V, op, "last_ids", /*allow_padding=*/true);
   d.G = candidates.size(1);
   return d;
 }

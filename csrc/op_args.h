@@ -22,15 +22,19 @@ void check_out(const at::Tensor& out, const at::Tensor& ref, const char* op, con
                at::IntArrayRef shape, at::ScalarType dtype);
 
 // Values (read the data: CPU tensors only).
-// Ids in [0, vocab); with allow_padding, -1 (an unused slot) too.
+// Ids in [0, vocab), or >= 0 when the vocabulary is unknown (kAnyVocab: a greedy op's target
+// given as token ids); with allow_padding, -1 (an unused slot) too.
+constexpr int64_t kAnyVocab = -1;
 void check_ids_in_range(const at::Tensor& ids, int64_t vocab, const char* op, const char* name,
                         bool allow_padding = false);
 void check_parents(const at::Tensor& parents, const char* op);
 
-// Greedy ops take the target as token ids [B, N] or as logits [B, N, V]; returns the ids
-// (computing the argmax of logits on the tensor's device).
-at::Tensor target_ids_from(const at::Tensor& target, const at::Tensor& ids_like, const char* op,
-                           int64_t B, int64_t N);
+// Greedy ops take the target as token ids [B, N] or as logits [B, N, V]. check_target checks
+// its shape, dtype and device and returns V (kAnyVocab for ids); target_ids returns the ids
+// (the argmax of logits, computed on the tensor's device).
+int64_t check_target(const at::Tensor& target, const at::Tensor& ids_like, const char* op,
+                     int64_t B, int64_t N);
+at::Tensor target_ids(const at::Tensor& target, const at::Tensor& ids_like);
 
 // Entropy (nats) of every distribution of target_probs [B, T, V] -> float32 [B, T], for
 // Medusa's typical acceptance.
@@ -42,16 +46,17 @@ ChainDims check_chain_sampling(const std::optional<at::Tensor>& draft_probs,
                                const at::Tensor& draft_ids, const at::Tensor& target_probs,
                                const at::Tensor& uniform, const at::Tensor& out_ids,
                                const at::Tensor& accept_len);
-ChainDims check_chain_greedy(const at::Tensor& draft_ids, const at::Tensor& out_ids,
-                             const at::Tensor& accept_len);
+// V: the logits' vocabulary, kAnyVocab when the target is token ids.
+ChainDims check_chain_greedy(const at::Tensor& draft_ids, const at::Tensor& target,
+                             const at::Tensor& out_ids, const at::Tensor& accept_len);
 
 struct TreeDims { int64_t B, T, V, width; };
 TreeDims check_build_tree(const at::Tensor& parents, const at::Tensor& tree_mask,
                           const at::Tensor& depth, const at::Tensor& paths);
-// V is 0 here (the target may be ids or logits; see target_ids_from).
-TreeDims check_tree_verify(const char* op, const at::Tensor& tree_tokens, const at::Tensor& parents,
-                           const at::Tensor& accept_path, const at::Tensor& accept_len,
-                           const at::Tensor& next_token);
+// V: the logits' vocabulary, kAnyVocab when the target is token ids.
+TreeDims check_tree_greedy(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                           const at::Tensor& target, const at::Tensor& accept_path,
+                           const at::Tensor& accept_len, const at::Tensor& next_token);
 TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& parents,
                              const at::Tensor& target_probs, const at::Tensor& uniform,
                              const std::optional<at::Tensor>& draft_probs,
@@ -60,9 +65,6 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
                              const at::Tensor& next_token);
 
 // ---- n-gram ops (prompt lookup, lookahead n-gram pool) ----------------------------------------
-// Values (CPU tensors only): every id is -1 (padding) or inside [0, vocab).
-void check_ids_or_padding(const at::Tensor& ids, int64_t vocab, const char* op, const char* name);
-
 struct NGramMatchDims { int64_t B, S, K; };
 NGramMatchDims check_ngram_match(const at::Tensor& context, const at::Tensor& context_len,
                                  int64_t min_n, int64_t max_n, const at::Tensor& draft,

@@ -118,3 +118,30 @@ def test_chain_greedy_logit_ties_take_the_lowest_index(device):
     logits[0, 0, [2, 4]] = 1.0
     out, n = ops.chain_greedy_verify(torch.tensor([[2]], device=device), logits)
     assert out.tolist() == [[2, 0]] and n.tolist() == [1]
+
+
+def test_chain_greedy_invalid_ids_raise_on_cpu_and_are_never_accepted_on_cuda(device):
+    # Draft ids must be in the logits' vocabulary [0, V); with the target given as token ids
+    # (no vocabulary) draft and target ids must be >= 0. CUDA cannot raise without a host sync:
+    # there an invalid draft is never accepted (the target's ids are emitted as given).
+    logits = torch.zeros(1, 4, 5, device=device)
+    logits[0, :, 2] = 1.0
+    far = torch.full((1, 3), 10**6, device=device)
+    negative = torch.tensor([[-1, 2, 2]], device=device)
+    target = torch.tensor([[-1, 2, 2, 2]], device=device)
+    if device == "cpu":
+        cases = [
+            ((far, logits), r"draft_ids holds the token id 1000000, outside the vocabulary \[0, 5\)"),
+            ((negative, logits), r"draft_ids holds the token id -1, outside the vocabulary"),
+            ((negative, target.clamp_min(0)), r"draft_ids holds the token id -1, not a token id"),
+            ((far, target), r"target holds the token id -1, not a token id"),
+        ]
+        for args, match in cases:
+            with pytest.raises(ValueError, match=match):
+                ops.chain_greedy_verify(*args)
+        assert ops.chain_greedy_verify(far, target.clamp_min(0))[1].tolist() == [0]  # no vocabulary
+        return
+    out, n = ops.chain_greedy_verify(far, logits)
+    assert out.tolist() == [[2, -1, -1, -1]] and n.tolist() == [0]
+    out, n = ops.chain_greedy_verify(negative, target)  # equal to the target, still rejected
+    assert out.tolist() == [[-1, -1, -1, -1]] and n.tolist() == [0]

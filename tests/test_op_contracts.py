@@ -155,6 +155,8 @@ def bad_calls(x, values: bool):
         neg_tok[0, 3] = -5  # -1 would be a padding node
         cases += [
             ("draft id past vocab", lambda: cs(q, bad_ids, p, u), "draft_ids"),
+            ("greedy draft id past vocab", lambda: cg(bad_ids, x["logits"]), "draft_ids"),
+            ("greedy tree token negative", lambda: tg(neg_tok, par, x["tree_logits"]), "tree_tokens"),
             ("tree token negative", lambda: ts(neg_tok, par, tp, tu), "tree_tokens"),
             ("root with a parent", lambda: ops.build_tree(torch.tensor([[0, 0, 1]])), "parents"),
             ("two roots", lambda: ops.build_tree(torch.tensor([[-1, 0, -1]])), "second root"),

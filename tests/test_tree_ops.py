@@ -198,6 +198,34 @@ def test_padding_nodes_are_never_accepted(device):
     assert n.tolist() == [3, 1] and nxt.tolist() == [0, 2]
 
 
+def test_tree_greedy_invalid_ids_raise_on_cpu_and_are_never_accepted_on_cuda(device):
+    # As tree_speculative_sampling: node tokens (root excluded) in the logits' vocabulary [0, V)
+    # or -1 (padding); with the target as token ids (no vocabulary) tokens >= -1 and target
+    # ids >= 0. CUDA cannot raise without a host sync: a negative token is never accepted, a
+    # token past the vocabulary never equals the argmax.
+    parents = torch.tensor([[-1, 0, 0]], device=device)
+    logits = torch.zeros(1, 3, 4, device=device)
+    logits[0, 0, 3] = 1.0
+    far = torch.tensor([[0, 10**6, 3]], device=device)
+    below = torch.tensor([[0, -2, -2]], device=device)
+    target = torch.tensor([[-2, 0, 0]], device=device)
+    if device == "cpu":
+        cases = [
+            ((far, parents, logits), r"tree_tokens holds the token id 1000000, outside the vocabulary \[0, 4\)"),
+            ((below, parents, logits), r"tree_tokens holds the token id -2, outside the vocabulary"),
+            ((below, parents, target.clamp_min(0)), r"tree_tokens holds the token id -2, not a token id"),
+            ((far, parents, target), r"target holds the token id -2, not a token id"),
+        ]
+        for args, match in cases:
+            with pytest.raises(ValueError, match=match):
+                ops.tree_verify_greedy(*args)
+        return
+    path, n, nxt = ops.tree_verify_greedy(far, parents, logits)
+    assert path.tolist() == [[0, 2, -1]] and n.tolist() == [1]
+    path, n, nxt = ops.tree_verify_greedy(below, parents, target)  # equal to the target, rejected
+    assert path.tolist() == [[0, -1, -1]] and n.tolist() == [0] and nxt.tolist() == [-2]
+
+
 def test_tree_sampling_stochastic_many_rejected_siblings(device):
     # Wide trees whose drafted tokens the target mostly rejects: many residual updates in a row,
     # at one node and across nodes (on CUDA, each reads a scratch row that the next rewrites).

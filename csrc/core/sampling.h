@@ -94,13 +94,14 @@ SPECDEC_HD void chain_sampling_row(Exec& ex, const P* draft_probs, const I* draf
 
 // Greedy chain verification of one row: drafts are accepted while they equal the target's
 // token at their position; then the target's token follows. target_id(i) is the target's token
-// at position i (0..K).
+// at position i (0..K). A negative draft is never accepted (whatever the target holds: CUDA
+// kernels get no value checks).
 SPECDEC_HD_TEMPLATE
 template <class I, class G>
 SPECDEC_HD void chain_greedy_row(const I* draft_ids, G target_id, int64_t K, I* out_ids,
                                  I* accept_len) {
   int64_t i = 0;
-  while (i < K && static_cast<int64_t>(draft_ids[i]) == target_id(i)) ++i;
+  while (i < K && draft_ids[i] >= 0 && static_cast<int64_t>(draft_ids[i]) == target_id(i)) ++i;
   write_chain(draft_ids, i, target_id(i), K + 1, out_ids, accept_len);
 }
 

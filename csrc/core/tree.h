@@ -108,7 +108,7 @@ SPECDEC_HD int64_t emit_accepted(const I* parents, int64_t best, int64_t depth, 
 
 // Greedy tree verification of one row: the deepest node whose every token equals the target's
 // token at its parent; next token: the target's token at that node. target_id(n) is the
-// target's token after node n.
+// target's token after node n. A negative token (-1: a padding node) is never accepted.
 SPECDEC_HD_TEMPLATE
 template <class I, class G>
 SPECDEC_HD void tree_greedy_row(const I* tokens, const I* parents, G target_id, int64_t T,
@@ -117,7 +117,8 @@ SPECDEC_HD void tree_greedy_row(const I* tokens, const I* parents, G target_id, 
   deepest_accepted(
       parents, T,
       [&](int64_t parent, int64_t child) {
-        return static_cast<int64_t>(tokens[child]) == target_id(parent);
+        const int64_t x = tokens[child];
+        return x >= 0 && x == target_id(parent);
       },
       &best, &depth);
   const int64_t cut = emit_accepted(parents, best, depth, accept_path, P, accept_len);

@@ -45,8 +45,9 @@ void tree_verify_greedy(const at::Tensor& tree_tokens, const at::Tensor& parents
                         const at::Tensor& target, const at::Tensor& accept_path,
                         const at::Tensor& accept_len, const at::Tensor& next_token) {
   constexpr const char* op = "tree_verify_greedy";
-  const auto d = check_tree_verify(op, tree_tokens, parents, accept_path, accept_len, next_token);
-  const at::Tensor t = target_ids_from(target, tree_tokens, op, d.B, d.T);
+  const auto d =
+      check_tree_greedy(tree_tokens, parents, target, accept_path, accept_len, next_token);
+  const at::Tensor t = target_ids(target, tree_tokens);
   const at::Tensor tok = tree_tokens.contiguous(), par = parents.contiguous();
   const int64_t T = d.T, P = d.width;
   AT_DISPATCH_INDEX_TYPES(tok.scalar_type(), op, [&] {

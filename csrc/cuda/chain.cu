@@ -60,8 +60,8 @@ void chain_speculative_sampling(const std::optional<at::Tensor>& draft_probs,
 
 void chain_greedy_verify(const at::Tensor& draft_ids, const at::Tensor& target,
                          const at::Tensor& out_ids, const at::Tensor& accept_len) {
-  const auto [B, K, V] = check_chain_greedy(draft_ids, out_ids, accept_len);
-  const at::Tensor t = target_ids_from(target, draft_ids, "chain_greedy_verify", B, K + 1);
+  const auto [B, K, V] = check_chain_greedy(draft_ids, target, out_ids, accept_len);
+  const at::Tensor t = target_ids(target, draft_ids);
   if (B == 0) return;
   const c10::cuda::CUDAGuard guard(draft_ids.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

@@ -109,8 +109,9 @@ void tree_verify_greedy(const at::Tensor& tree_tokens, const at::Tensor& parents
                         const at::Tensor& target, const at::Tensor& accept_path,
                         const at::Tensor& accept_len, const at::Tensor& next_token) {
   constexpr const char* op = "tree_verify_greedy";
-  const auto d = check_tree_verify(op, tree_tokens, parents, accept_path, accept_len, next_token);
-  const at::Tensor t = target_ids_from(target, tree_tokens, op, d.B, d.T);
+  const auto d =
+      check_tree_greedy(tree_tokens, parents, target, accept_path, accept_len, next_token);
+  const at::Tensor t = target_ids(target, tree_tokens);
   if (d.B == 0) return;
   const c10::cuda::CUDAGuard guard(tree_tokens.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

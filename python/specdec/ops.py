@@ -98,9 +98,11 @@ def chain_greedy_verify(draft_ids: Tensor, target: Tensor) -> tuple[Tensor, Tens
     """Greedy verification of a chain of K drafted tokens per row.
 
     Args:
-        draft_ids: ``[B, K]`` drafted token ids.
-        target: the target's greedy tokens ``[B, K + 1]`` (same dtype as ``draft_ids``), or its
-            logits ``[B, K + 1, V]`` (the argmax is taken inside, with torch's conventions).
+        draft_ids: ``[B, K]`` drafted token ids: in ``[0, V)`` with logits, ``>= 0`` with
+            token ids (on CUDA an invalid one is never accepted instead of raising).
+        target: the target's greedy tokens ``[B, K + 1]`` (same dtype as ``draft_ids``, each
+            ``>= 0``), or its logits ``[B, K + 1, V]`` (the argmax is taken inside, with torch's
+            conventions).
 
     Returns:
         ``(out_ids [B, K + 1], accept_len [B])``: the drafts that equal the target's tokens, the
@@ -163,10 +165,11 @@ def tree_verify_greedy(
 
     Args:
         tree_tokens: ``[B, T]`` token of every node (node 0, the root, is the last committed
-            token and is not checked).
+            token and is not checked): in ``[0, V)`` with logits, ``>= 0`` with token ids, or
+            -1 for a padding node, which is never accepted.
         parents: ``[B, T]`` the tree (see :func:`build_tree`).
-        target: the target's greedy token after every node ``[B, T]``, or its logits
-            ``[B, T, V]``.
+        target: the target's greedy token after every node ``[B, T]`` (each ``>= 0``), or its
+            logits ``[B, T, V]``.
         max_accept: most accepted nodes to return (default T - 1, always enough); a longer
             path is cut and its next node's token becomes ``next_token``.
 
