@@ -99,22 +99,35 @@ def test_prompt_lookup_greedy_identity(family):
     assert out.stats.total_accepted > 0  # the repetitive output gets matched
 
 
-@pytest.mark.parametrize("options", [{}, {"adaptive": True, "head_tokens": 8}])
-def test_sampling_follows_the_target_distribution(options):
-    # 4000 rows of one prompt, two new tokens each, with a partly agreeing draft: the first
-    # token's distribution and the second's given the most frequent first tokens must match
-    # the target's own, as transformers' warpers define it (TV < 3 / sqrt(n)). With a reduced
-    # draft head (ids 0-7 and the prompt's), the target still draws tokens the draft never can.
+METHODS = {
+    "draft coupled": lambda draft: specdec.DraftModel(draft, 3),
+    "draft adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, head_tokens=8),
+    "draft rejection sampling": lambda draft: specdec.DraftModel(draft, 3, coupled=False),
+    "draft rejection sampling, reduced head": lambda draft: specdec.DraftModel(draft, 3, coupled=False,
+                                                                               head_tokens=8),
+    "prompt lookup tree": lambda draft: specdec.PromptLookup(adaptive=False, num_draft_tokens=3, side_tokens=2),
+}
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_sampling_follows_the_target_distribution(name):
+    # 4000 rows of one prompt, two new tokens each: the first token's distribution and the
+    # second's given the most frequent first tokens must match the target's own, as
+    # transformers' warpers define it (TV < 3 / sqrt(n)). Drafts agree partly; with a reduced
+    # draft head (ids 0-7 and the prompt's) the target still draws tokens the draft never can;
+    # the prompt repeats, so prompt lookup proposes a tree.
     vocab, N = 16, 4000
     target = tiny_lm("llama", seed=4, vocab=vocab, init=0.6)
     draft = perturbed(target, 0.5, seed=9)
     settings = dict(temperature=0.8, top_k=10, top_p=0.95)
     warp = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(10), TopPLogitsWarper(0.95)])
-    prompt = torch.tensor([[0, 5, 7, 3]])
+    prompt = torch.tensor([[0, 5, 7, 3, 5, 7]])
+    P = prompt.shape[1]
     gen = torch.Generator().manual_seed(0)
-    out = specdec.generate(target, prompt.expand(N, 4), max_new_tokens=2, do_sample=True, **settings,
-                           method=specdec.DraftModel(draft, 3, **options), generator=gen, eos_token_id=[])
-    first, second = out.sequences[:, 4], out.sequences[:, 5]
+    out = specdec.generate(target, prompt.expand(N, P), max_new_tokens=2, do_sample=True, **settings,
+                           method=METHODS[name](draft), generator=gen, eos_token_id=[])
+    assert out.stats.total_proposed > N  # the method proposed, and its candidates were verified
+    first, second = out.sequences[:, P], out.sequences[:, P + 1]
 
     def exact(prefix):
         with torch.no_grad():

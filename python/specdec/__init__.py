@@ -35,6 +35,7 @@ _LAZY = {
     "StepResult": "specdec.decoders",
     "Context": "specdec.decoders",
     "SpecCache": "specdec.cache",
+    "hf_generate": "specdec.hf_integration",
 }
 
 __all__ = [

@@ -188,6 +188,7 @@ def generate(
     if streamer is not None:
         streamer.end()
     stats.new_tokens = int(generated.sum())
+    stats.new_tokens_per_row = generated
     stats.wall_time_s = time.perf_counter() - start
     new = torch.full((B, max_new_tokens), pad, dtype=input_ids.dtype, device=device)
     columns = torch.arange(max_new_tokens, device=device)

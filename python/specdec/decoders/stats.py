@@ -17,6 +17,7 @@ class GenerateStats:
     new_tokens: int = 0          # tokens generated, all rows
     wall_time_s: float = 0.0
     prefill_time_s: float = 0.0  # the prompt's pass (included in wall_time_s)
+    new_tokens_per_row: Tensor | None = None  # [B]
 
     @property
     def total_proposed(self) -> int:

@@ -1,0 +1,254 @@
+"""The general verify loop: proposals with their own attention pattern and positions, nodes that
+are computed but not verified, what a step hands the proposer, padding, seeded sampling,
+typical acceptance, long prompts."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
+from tiny_models import perturbed, tiny_lm
+
+import specdec
+from specdec.decoders import Context, Proposal, StepResult
+
+
+def visible_forward(model, committed: list[int], nodes: list[int], positions: list[int],
+                    sees: list[bool]) -> torch.Tensor:
+    """The target's logits after the last visible node, run plainly: the committed tokens at
+    0..n-1, then the visible nodes at their own positions (HF sdpa attention, causal among them)."""
+    tokens = committed + [t for t, s in zip(nodes, sees) if s]
+    pos = list(range(len(committed))) + [p for p, s in zip(positions, sees) if s]
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), position_ids=torch.tensor([pos])).logits[0, -1]
+
+
+@dataclass
+class ProbeMethod:
+    """Proposes root -> two wrong candidates, plus two nodes that are NOT candidates: node 3
+    holds the target's true next token (it would be accepted if it were verified), sees only the
+    root and itself, and sits at the root's position + 1; node 4 sees the root, node 3 and
+    itself, at a gap position (+3). Checks in update that every node's logits equal a plain
+    forward over what the node sees, at the positions given."""
+
+    reference: torch.nn.Module  # a copy of the target (the target runs tree attention meanwhile)
+    truth: list[int]
+    checked: list[int] = field(default_factory=list)
+
+    max_pass_tokens = 5
+    models = ()
+    needs_hidden_states = False
+
+    def start(self, target, ctx, prompt, prompt_len, max_length, first):
+        return self
+
+    MASK = torch.tensor([[1, 0, 0, 0, 0],
+                         [1, 1, 0, 0, 0],
+                         [1, 1, 1, 0, 0],
+                         [1, 0, 0, 1, 0],
+                         [1, 0, 0, 1, 1]], dtype=torch.bool)
+    OFFSETS = [0, 1, 2, 1, 3]
+
+    def propose(self, ctx: Context) -> Proposal:
+        n = int(ctx.lengths[0])
+        root = int(ctx.tokens[0, n - 1])
+        truth = self.truth[n - self.prompt_len] if n - self.prompt_len < len(self.truth) else 0
+        wrong = (truth + 1) % 96
+        tokens = torch.tensor([[root, wrong, wrong, truth, 7]])
+        parents = torch.tensor([[-1, 0, 1, 0, 0]])
+        positions = torch.tensor([[n - 1 + o for o in self.OFFSETS]])
+        self.last = (ctx.tokens[0, : n - 1].tolist(), tokens[0].tolist(), positions[0].tolist())
+        return Proposal(tokens, parents, attention_mask=self.MASK[None].clone(), position_ids=positions,
+                        candidates=torch.tensor([[True, True, True, False, False]]))
+
+    def update(self, ctx: Context, step: StepResult) -> None:
+        committed, tokens, positions = self.last
+        assert step.accept_len.tolist() == [0]  # the candidates are wrong, the truth not verified
+        for i in range(5):
+            want = visible_forward(self.reference, committed, tokens, positions, self.MASK[i].tolist())
+            # Summation order differs (fp32, ~1e-5); a wrong mask or position moves logits by O(1).
+            torch.testing.assert_close(step.logits[0, i], want, rtol=1e-4, atol=5e-5)
+        self.checked.append(len(committed))
+
+
+def test_custom_mask_positions_and_nodes_that_are_not_verified():
+    target = tiny_lm("llama", seed=11)
+    prompt = PROMPTS[0]
+    truth = hf_greedy(target, prompt, 6)
+    method = ProbeMethod(tiny_lm("llama", seed=11), truth)
+    method.prompt_len = len(prompt)
+    out = specdec.generate(target, torch.tensor([prompt]), max_new_tokens=6, method=method, eos_token_id=[])
+    assert out.sequences[0, len(prompt):].tolist() == truth
+    assert len(method.checked) == 5  # every step after the prefill was checked
+    # Only candidates count as proposed: two per step, none accepted.
+    assert [int(p) for p in out.stats.proposed] == [2] * 5
+    assert out.stats.total_accepted == 0
+
+
+@dataclass
+class HiddenProbe:
+    """A chain of the target's own greedy tokens; records the hidden states it is handed."""
+
+    target: torch.nn.Module
+    seen: list = field(default_factory=list)
+    max_pass_tokens = 4
+    models = ()
+    needs_hidden_states = True
+
+    def start(self, target, ctx, prompt, prompt_len, max_length, first):
+        self.seen.append((ctx.tokens[:, : int(prompt_len[0])].clone(), first.proposal, first.hidden))
+        return self
+
+    def propose(self, ctx):
+        n = int(ctx.lengths[0])
+        tokens = torch.cat([ctx.roots(), torch.tensor([[5, 6, 7]])], 1)
+        self.context = ctx.tokens[:, : n - 1].clone()
+        return Proposal(tokens, torch.tensor([[-1, 0, 1, 2]]))
+
+    def update(self, ctx, step):
+        self.seen.append((self.context, step.proposal, step.hidden))
+
+
+def test_hidden_states_are_the_models_own_last_layer():
+    target = tiny_lm("qwen2", seed=12)
+    probe = HiddenProbe(target)
+    specdec.generate(target, torch.tensor([PROMPTS[2]]), max_new_tokens=5, method=probe, eos_token_id=[])
+    assert len(probe.seen) >= 2
+    for context, proposal, hidden in probe.seen:
+        # The prefill hands the prompt's last position: its context is the whole prompt.
+        nodes = proposal.tokens if proposal.width > 1 else torch.zeros(1, 0, dtype=torch.long)
+        with torch.no_grad():
+            full = target(torch.cat([context, nodes], 1), output_hidden_states=True).hidden_states[-1]
+        want = full[:, -max(1, nodes.shape[1]):]
+        assert hidden.shape == want.shape
+        torch.testing.assert_close(hidden, want, rtol=1e-5, atol=1e-5)
+
+
+@dataclass
+class Padded:
+    """PromptLookup's proposals padded with 20 trailing -1 nodes."""
+
+    inner: specdec.PromptLookup
+    widths: list[int] = field(default_factory=list)
+    models = ()
+    needs_hidden_states = False
+
+    @property
+    def max_pass_tokens(self):
+        return self.inner.max_pass_tokens + 20
+
+    def start(self, *args):
+        self.proposer = self.inner.start(*args)
+        return self
+
+    def propose(self, ctx):
+        p = self.proposer.propose(ctx)
+        pad = torch.full((p.tokens.shape[0], 20), -1)
+        return Proposal(torch.cat([p.tokens, pad], 1), torch.cat([p.parents, pad.clamp_min(0)], 1))
+
+    def update(self, ctx, step):
+        self.widths.append(step.proposal.width)
+        self.proposer.update(ctx, step)
+
+
+def test_trailing_padding_is_not_computed_on_cpu():
+    target = tiny_lm("llama", seed=3)
+    method = Padded(specdec.PromptLookup(adaptive=False, num_draft_tokens=4))
+    assert_greedy_identity(target, PROMPTS, method)
+    assert method.widths and max(method.widths) <= 1 + 4 + 2 * 4  # never the 20 padding nodes
+
+
+SAMPLING = dict(do_sample=True, temperature=0.9, top_p=0.95)
+
+
+def sample(target, ids, method, seed, **kw):
+    mask = (ids != 2).long()
+    return specdec.generate(target, ids, max_new_tokens=20, method=method, attention_mask=mask,
+                            generator=torch.Generator().manual_seed(seed), eos_token_id=[],
+                            pad_token_id=2, **SAMPLING, **kw).sequences
+
+
+def left_padded(prompts):
+    S = max(len(p) for p in prompts)
+    return torch.tensor([[2] * (S - len(p)) + p for p in prompts])
+
+
+def test_seeded_sampling_emits_what_one_token_decoding_emits_whatever_the_method():
+    target = tiny_lm("llama", seed=13, init=0.15)
+    ids = left_padded(PROMPTS)
+    plain = sample(target, ids, None, seed=5)
+    methods = [specdec.PromptLookup(), specdec.PromptLookup(adaptive=False, num_draft_tokens=7),
+               specdec.DraftModel(perturbed(target, 0.2, 1), 3),
+               specdec.DraftModel(perturbed(target, 0.2, 1), adaptive=True)]
+    for method in methods:
+        assert torch.equal(sample(target, ids, method, seed=5), plain), method
+    assert not torch.equal(sample(target, ids, None, seed=6), plain)  # the seed matters
+
+
+def test_rejection_sampled_drafts_reproduce_with_the_same_seed():
+    target = tiny_lm("llama", seed=14, init=0.15)
+    method = specdec.DraftModel(perturbed(target, 0.3, 2), 3, coupled=False)
+    ids = left_padded(PROMPTS[:2])
+    assert torch.equal(sample(target, ids, method, 3), sample(target, ids, method, 3))
+
+
+def test_typical_acceptance_is_lossy_and_accepts_more():
+    target = tiny_lm("llama", seed=15, init=0.15)
+    ids = torch.tensor([PROMPTS[2]])
+    method = specdec.PromptLookup(adaptive=False, num_draft_tokens=4)
+    gen = lambda **kw: specdec.generate(target, ids, max_new_tokens=40, method=method, eos_token_id=[],
+                                        generator=torch.Generator().manual_seed(0), **SAMPLING, **kw)
+    exact = gen()
+    lossy = gen(typical=specdec.TypicalAcceptance(posterior_threshold=0.01, posterior_alpha=0.01))
+    assert lossy.stats.acceptance_rate > exact.stats.acceptance_rate
+    with pytest.raises(ValueError, match="do_sample"):
+        specdec.generate(target, ids, max_new_tokens=4, typical=specdec.TypicalAcceptance())
+    with pytest.raises(ValueError, match="deterministic"):
+        specdec.generate(target, ids, max_new_tokens=4, method=specdec.DraftModel(target, 2, coupled=False),
+                         typical=specdec.TypicalAcceptance(), **SAMPLING)
+
+
+def test_long_prompts_with_a_prefix_and_ragged_rows():
+    # Chains of 16+ tokens go through fused SDPA: a first chunk, then a second after it.
+    from specdec.tree_forward import prefill, tree_attention_enabled
+
+    target = tiny_lm("qwen2", seed=16)
+    gen = torch.Generator().manual_seed(0)
+    first = torch.randint(3, 96, (2, 20), generator=gen)
+    second = torch.randint(3, 96, (2, 18), generator=gen)
+    with torch.no_grad(), tree_attention_enabled(target):
+        cache = specdec.SpecCache.for_model(target, 2, 64)
+        prefill(target, cache, first, torch.tensor([20, 17]))
+        got = prefill(target, cache, second, torch.tensor([18, 16]))
+    target.set_attn_implementation("sdpa")
+    for b, (n1, n2) in enumerate([(20, 18), (17, 16)]):
+        with torch.no_grad():
+            want = target(torch.cat([first[b:b + 1, :n1], second[b:b + 1, :n2]], 1)).logits[0, -1]
+        torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-5)
+
+
+def test_default_prompt_lookup_and_long_prompts_greedy_identity():
+    target = tiny_lm("llama", seed=17)
+    gen = torch.Generator().manual_seed(1)
+    long = torch.randint(3, 96, (40,), generator=gen).tolist()
+    prompts = [long + long[:10], PROMPTS[0], long[:25]]
+    out = assert_greedy_identity(target, prompts, specdec.PromptLookup())
+    assert out.stats.total_accepted > 0
+
+
+def test_bad_inputs_get_clear_errors():
+    target = tiny_lm("llama")
+    with pytest.raises(ValueError, match="attention_mask"):
+        specdec.generate(target, torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 2))
+    small = tiny_lm("llama", vocab=64)
+    with pytest.raises(ValueError, match="64 token ids, the target 96"):
+        specdec.generate(target, torch.tensor([[1, 2, 3]]), method=specdec.DraftModel(small))
+    other_eos = tiny_lm("llama")
+    other_eos.config.eos_token_id = 5
+    with pytest.raises(ValueError, match="eos_token_id"):
+        specdec.generate(target, torch.tensor([[1, 2, 3]]), method=specdec.DraftModel(other_eos))
+    # Padding rows past a shared tokenizer are fine when said so; the draft then stays below it.
+    bigger = tiny_lm("llama", vocab=100)
+    out = specdec.generate(target, torch.tensor([[1, 2, 3]]), max_new_tokens=5,
+                           method=specdec.DraftModel(bigger, shared_vocab=90))
+    assert torch.equal(out.sequences[0, 3:], torch.tensor(hf_greedy(target, [1, 2, 3], 5)))
