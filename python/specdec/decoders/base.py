@@ -99,7 +99,7 @@ def generate(
         >>> from specdec import PromptLookup
         >>> out = generate(model, ids, max_new_tokens=8, method=PromptLookup())
         >>> plain = model.generate(ids, max_new_tokens=8, do_sample=False)
-        >>> torch.equal(out.sequences, plain)
+        >>> torch.equal(out.sequences[:, : plain.shape[1]], plain)  # HF stops at EOS; we pad after it
         True
     """
     if input_ids.dim() != 2:
