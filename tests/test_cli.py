@@ -70,3 +70,29 @@ def test_bench_runs_the_sets_of_a_prompt_file(tmp_path):
     assert [(r["prompt_set"], r["prompt"]) for r in record["runs"] if r["method"] == "plain"] == [
         ("greet", 0), ("custom", 0)]
     assert {s["set"] for s in record["summary"]} == {"greet", "custom"}
+
+
+def test_typical_needs_sampling():
+    with pytest.raises(SystemExit, match="--sample"):
+        cli.main(["generate", "--model", "smollm2-135m", "--prompt-lookup", "--typical", "0.09",
+                  "--prompt", "hi", "--no-accelerate"])
+
+
+@pytest.mark.real_model
+def test_generate_typical_says_lossy_and_caps_candidates(capsys, monkeypatch):
+    import specdec
+
+    seen = {}
+    real = specdec.generate
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(specdec, "generate", spy)
+    cli.main(["generate", "--model", "smollm2-135m", "--prompt-lookup", "--chat", "--max-new-tokens", "8",
+              "--sample", "--typical", "0.09", "--num-draft-tokens", "3",
+              "--prompt", "Repeat this line twice: the quick brown fox jumps over the lazy dog"])
+    assert "lossy: typical acceptance" in capsys.readouterr().out
+    assert seen["typical"] == specdec.TypicalAcceptance(0.09, 0.3)
+    assert seen["method"].max_draft_tokens == 3

@@ -12,7 +12,7 @@ MAX_NEW = 24
 
 
 def hf_greedy(model, prompt: list[int], max_new: int, eos=None) -> list[int]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     # eos=None: the model's own EOS, as in specdec.generate (passing None would disable it).
     kw = {} if eos is None else {"eos_token_id": eos}
     out = model.generate(ids, do_sample=False, max_new_tokens=max_new, pad_token_id=2,
@@ -24,18 +24,20 @@ def first_mismatch_note(model, prompt, want, got) -> str:
     """Where two greedy outputs part, the target's top-2 logit gap (a genuine tie is < 1e-5)."""
     i = next(i for i, (a, b) in enumerate(zip(want, got)) if a != b)
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + want[:i]])).logits[0, -1]
+        logits = model(torch.tensor([prompt + want[:i]], device=model.device)).logits[0, -1]
     top = logits.topk(2).values
     return f"first mismatch at new token {i}: top-2 logit gap {float(top[0] - top[1]):.2e}"
 
 
 def assert_greedy_identity(model, prompts, method, max_new=MAX_NEW, eos=None):
+    """specdec.generate on the model's device against HF's generate of the same model."""
     B, S = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, S), 2)
     mask = torch.zeros(B, S, dtype=torch.long)
     for b, p in enumerate(prompts):  # left padding, as for batched generation
         ids[b, S - len(p):] = torch.tensor(p)
         mask[b, S - len(p):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
     out = specdec.generate(model, ids, max_new_tokens=max_new, method=method, attention_mask=mask,
                            eos_token_id=eos, pad_token_id=2)
     assert out.sequences.shape == (B, S + max_new)
@@ -52,8 +54,8 @@ PROMPTS = [[0, 5, 17, 33, 5, 17], [0, 40], [0, 9, 9, 9, 61, 70, 71, 72, 9], [0, 
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_plain_decoding_matches_generate(family):
-    assert_greedy_identity(tiny_lm(family), PROMPTS[:2], None)
+def test_plain_decoding_matches_generate(family, device):
+    assert_greedy_identity(tiny_lm(family).to(device), PROMPTS[:2], None)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -73,9 +75,10 @@ def test_draft_that_never_agrees():
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_draft_that_partly_agrees_batch_ragged(adaptive):
+def test_draft_that_partly_agrees_batch_ragged(adaptive, device):
     target = tiny_lm("qwen2", seed=1)
-    draft = perturbed(target, 0.03, seed=5)
+    draft = perturbed(target, 0.03, seed=5).to(device)
+    target = target.to(device)
     out = assert_greedy_identity(target, PROMPTS, specdec.DraftModel(draft, 4, adaptive=adaptive))
     accepted = torch.stack(out.stats.accepted)
     assert 0.1 < out.stats.acceptance_rate < 1.0
@@ -92,8 +95,8 @@ def test_eos_stops_rows_at_different_times():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_prompt_lookup_greedy_identity(family):
-    target = tiny_lm(family, seed=3)
+def test_prompt_lookup_greedy_identity(family, device):
+    target = tiny_lm(family, seed=3).to(device)
     out = assert_greedy_identity(target, PROMPTS, specdec.PromptLookup(max_ngram=3, num_draft_tokens=6,
                                                                        adaptive=False))
     assert out.stats.total_accepted > 0  # the repetitive output gets matched

@@ -162,6 +162,7 @@ SAMPLING = dict(do_sample=True, temperature=0.9, top_p=0.95)
 
 
 def sample(target, ids, method, seed, **kw):
+    ids = ids.to(target.device)
     mask = (ids != 2).long()
     return specdec.generate(target, ids, max_new_tokens=20, method=method, attention_mask=mask,
                             generator=torch.Generator().manual_seed(seed), eos_token_id=[],
@@ -173,13 +174,14 @@ def left_padded(prompts):
     return torch.tensor([[2] * (S - len(p)) + p for p in prompts])
 
 
-def test_seeded_sampling_emits_what_one_token_decoding_emits_whatever_the_method():
+def test_seeded_sampling_emits_what_one_token_decoding_emits_whatever_the_method(device):
     target = tiny_lm("llama", seed=13, init=0.15)
+    draft = perturbed(target, 0.2, 1).to(device)
+    target = target.to(device)
     ids = left_padded(PROMPTS)
     plain = sample(target, ids, None, seed=5)
     methods = [specdec.PromptLookup(), specdec.PromptLookup(adaptive=False, num_draft_tokens=7),
-               specdec.DraftModel(perturbed(target, 0.2, 1), 3),
-               specdec.DraftModel(perturbed(target, 0.2, 1), adaptive=True)]
+               specdec.DraftModel(draft, 3), specdec.DraftModel(draft, adaptive=True)]
     for method in methods:
         assert torch.equal(sample(target, ids, method, seed=5), plain), method
     assert not torch.equal(sample(target, ids, None, seed=6), plain)  # the seed matters

@@ -62,15 +62,18 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     import specdec
 
-    text = _prompt_text(args)  # before any model is loaded
+    text = _prompt_text(args)  # argument errors before any model is loaded
+    if args.typical is not None and not args.sample:
+        sys.exit("specdec generate: --typical is a sampling mode: add --sample")
     target, tokenizer, draft = load_models(args)
+    cap = {} if args.num_draft_tokens is None else {"max_draft_tokens": args.num_draft_tokens}
     if draft is not None:
-        method = specdec.DraftModel(draft, num_draft_tokens=args.num_draft_tokens, adaptive=True,
-                                    head_tokens=args.draft_head_tokens)
+        method = specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens, **cap)
     elif args.prompt_lookup:
-        method = specdec.PromptLookup(num_draft_tokens=args.num_draft_tokens)
+        method = specdec.PromptLookup(**cap)
     else:
         method = None
+    typical = None if args.typical is None else specdec.TypicalAcceptance(args.typical, args.typical_alpha)
     input_ids = _encode(tokenizer, text, args.chat)
     sample = dict(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     generator = torch.Generator().manual_seed(args.seed)
@@ -87,7 +90,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(f"[specdec] speculative ({_describe(args)}):", file=sys.stderr, flush=True)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = specdec.generate(target, input_ids, max_new_tokens=args.max_new_tokens, method=method,
-                           streamer=streamer, generator=generator, **sample)
+                           streamer=streamer, generator=generator, typical=typical, **sample)
     st = out.stats
     plain_rate = plain_new / plain_s
     print()
@@ -97,6 +100,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(f"mean accepted length (tokens per target pass): {st.mean_accepted_length:.2f}")
     print(f"acceptance rate:  {st.acceptance_rate:.2%} ({st.total_accepted}/{st.total_proposed} candidates)")
     print(f"target passes:    {st.target_forwards}")
+    if typical is not None:
+        print(f"lossy: typical acceptance (posterior_threshold={typical.posterior_threshold}, "
+              f"posterior_alpha={typical.posterior_alpha}): the output does not follow the "
+              "target's distribution exactly")
     if not args.sample:
         same = torch.equal(out.sequences[0, : plain.shape[1]], plain[0])
         print(f"identical to the target alone: {'yes' if same else 'NO'}")
@@ -141,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--prompt-file")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--num-draft-tokens", type=int, default=8)
+    g.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="most candidates per step (the adaptive methods choose up to this many; "
+                        "default: the method's own cap)")
     g.add_argument("--draft-head-tokens", type=int, default=None,
                    help="the draft scores only token ids below N (DraftModel(head_tokens=N))")
     g.add_argument("--draft-dtype", choices=DTYPES, default=None,
@@ -151,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--typical", type=float, default=None, metavar="EPS",
+                   help="LOSSY typical acceptance (Medusa's): accept a candidate whose target "
+                        "probability exceeds min(EPS, A * exp(-entropy)); needs --sample")
+    g.add_argument("--typical-alpha", type=float, default=0.3, metavar="A")
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("models", help="list the named demo models and whether they are cached")
