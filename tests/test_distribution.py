@@ -114,3 +114,42 @@ def test_tree_sampling_is_lossless_stochastic_drafts(device):
             rows = (n >= 1) & (first == x)
             if rows.sum() >= 2000:
                 assert_follows(nxt[rows], bigram[x])
+
+
+def peaked_rows(B: int, V: int, x: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, V] float32 rows with p(x) = 0.9999 and the rest spread at random over the other ids."""
+    rest = torch.rand(B, V, generator=gen) + 0.5
+    rest[:, x] = 0.0
+    p = rest / rest.sum(-1, keepdim=True) * 1e-4
+    p[:, x] = 0.9999
+    return p
+
+
+def test_rejecting_a_peaked_token_draws_from_the_rest(device):
+    # Deterministic drafts at Qwen's vocabulary size: p(x) = 0.9999 and x rejected in every row,
+    # the draw's uniform in the top 2^-10 of the rest's CDF, where rounding of the rest's total
+    # shows (taking w(x) off a float32 sum of all weights sent about 1 row in 5 here to the last
+    # id). The last id may be drawn only as often as the exact float64 inverse CDF draws it;
+    # x never.
+    gen = torch.Generator().manual_seed(3)
+    B, V, x, top = 256, 152064, 7, 2**-10
+    p = peaked_rows(B, V, x, gen)
+    u_draw = (1 - top * (1 - torch.rand(B, generator=gen))).clamp_max(1 - 2**-24)
+    reject = torch.full((B,), 0.99995)  # u * 1 >= p(x): rejected
+    rest = p.double().index_fill(1, torch.tensor([x]), 0.0).cumsum(-1)
+    exact = torch.searchsorted(rest, u_draw.double()[:, None] * rest[:, -1:], right=True)[:, 0]
+    target = torch.stack([p, p], 1).to(device)  # the second position is never used
+
+    out, n = ops.chain_speculative_sampling(
+        None, torch.full((B, 1), x, device=device), target,
+        torch.stack([reject, u_draw], 1).to(device))
+    assert (n == 0).all()
+    path, n_tree, nxt = ops.tree_speculative_sampling(
+        torch.tensor([[0, x]] * B, device=device), torch.tensor([[-1, 0]] * B, device=device),
+        target, torch.stack([u_draw, reject], 1).to(device))
+    assert (n_tree == 0).all()
+    for drawn in (out[:, 0].cpu(), nxt.cpu()):
+        assert ((drawn >= 0) & (drawn < V)).all() and (drawn != x).all()
+        assert int((drawn == V - 1).sum()) <= int((exact == V - 1).sum()) + 2
+        # Rounding may move a draw across a token boundary, rarely.
+        assert float((drawn == exact).double().mean()) > 0.9

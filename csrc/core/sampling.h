@@ -1,13 +1,13 @@
 // Per-row logic of the chain verification ops, written once for the CPU and CUDA kernels.
 //
 // The functions take an executor `ex` that runs the passes over the vocabulary:
-//   bool leader()                          the one thread that writes per-row outputs
-//   void sync()                            makes every thread's earlier writes visible to all
-//   float sum(n, f)                        sum of f(j) for j < n; f is called once per j, and
-//                                          may write element j of a scratch row
-//   int64_t sample(n, w, total, u, offset)  smallest j with w(0) + ... + w(j) > u * total +
-//                                          offset and w(j) > 0; the largest j with w(j) > 0
-//                                          when rounding leaves none; -1 when all are zero
+//   bool leader()                   the one thread that writes per-row outputs
+//   void sync()                     makes every thread's earlier writes visible to all
+//   float sum(n, f)                 sum of f(j) for j < n; f is called once per j, and may write
+//                                   element j of a scratch row
+//   int64_t sample(n, w, total, u)  smallest j with w(0) + ... + w(j) > u * total and
+//                                   w(j) > 0; the largest j with w(j) > 0 when rounding leaves
+//                                   none; -1 when all are zero
 // Every thread of an executor runs the same control flow and gets the same results; the CPU
 // executor is a single thread, the CUDA one a thread block.
 #pragma once
@@ -22,22 +22,18 @@ template <class Exec, class W>
 SPECDEC_HD int64_t sample_weights(Exec& ex, int64_t n, W w, float u) {
   const float total = ex.sum(n, w);
   if (!(total > 0.f)) return -1;
-  return ex.sample(n, w, total, u, 0.f);
+  return ex.sample(n, w, total, u);
 }
 
 // Draws from the weights w(j) >= 0 without index x (x outside [0, n): nothing excluded), with
-// the uniform u; -1 when no weight is left. The passes run over w itself, which keeps them
-// vectorisable: the weight of x is taken off the total, and a draw that lands at or past x is
-// redone with the threshold raised by w(x) (the first index past it then is the answer).
+// the uniform u; -1 when no weight is left. The passes run over the weights with w(x) replaced
+// by 0, so x is never drawn, nor is the fallback ever x. Taking w(x) off the full sum instead
+// would subtract two numbers close to 1 when the target is peaked on x: the total's rounding
+// error, large next to what is left, lets u * total pass every running sum.
 SPECDEC_HD_TEMPLATE
 template <class Exec, class W>
 SPECDEC_HD int64_t sample_weights_without(Exec& ex, int64_t n, W w, int64_t x, float u) {
-  const bool excluding = valid_id(x, n);
-  const float wx = excluding ? w(x) : 0.f;
-  const float total = ex.sum(n, w) - wx;
-  if (!(total > 0.f)) return -1;
-  const int64_t j = ex.sample(n, w, total, u, 0.f);
-  return excluding && j >= x ? ex.sample(n, w, total, u, wx) : j;
+  return sample_weights(ex, n, [=](int64_t j) { return j == x ? 0.f : w(j); }, u);
 }
 
 SPECDEC_HD_TEMPLATE
@@ -103,16 +99,6 @@ SPECDEC_HD void chain_greedy_row(const I* draft_ids, G target_id, int64_t K, I* 
   int64_t i = 0;
   while (i < K && draft_ids[i] >= 0 && static_cast<int64_t>(draft_ids[i]) == target_id(i)) ++i;
   write_chain(draft_ids, i, target_id(i), K + 1, out_ids, accept_len);
-}
-
-// Entropy (nats) of a probability row; used by Medusa's typical acceptance.
-SPECDEC_HD_TEMPLATE
-template <class Exec, class P>
-SPECDEC_HD float entropy_row(Exec& ex, const P* probs, int64_t V) {
-  return ex.sum(V, [=](int64_t j) {
-    const float p = to_float(probs[j]);
-    return p > 0.f ? -p * logf(p) : 0.f;
-  });
 }
 
 }  // namespace specdec::core

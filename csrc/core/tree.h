@@ -171,8 +171,9 @@ SPECDEC_HD void tree_sampling_row(Exec& ex, const I* tokens, const I* parents, c
   bool done = false;
   while (!done) {
     const P* p_row = target + node * V;
-    float mass = 1.f;     // what is left of p's mass after the rejections so far
-    bool live = false;    // resid holds the residual (stochastic drafts)
+    float mass = 1.f;       // what is left of p's mass after the rejections so far
+    double rejected = 0.0;  // deterministic drafts: p's mass on the rejected tokens
+    bool live = false;      // resid holds the residual (stochastic drafts)
     int64_t chosen = -1;
     for (int64_t c = node + 1; c < T && chosen < 0; ++c) {
       if (parents[c] != node) continue;
@@ -203,7 +204,10 @@ SPECDEC_HD void tree_sampling_row(Exec& ex, const I* tokens, const I* parents, c
           chosen = c;
           break;
         }
-        mass -= p;
+        // 1 - rejected in float64: a float running difference would carry each step's rounding
+        // error into the next, large next to what is left after a peaked token is rejected.
+        rejected += p;
+        mass = static_cast<float>(1.0 - rejected);
       }
     }
     if (chosen >= 0 && accepted + 1 < width) {

@@ -42,8 +42,8 @@ struct SerialExec {
   }
 
   template <class W>
-  int64_t sample(int64_t n, W w, float total, float u, float offset) {
-    const double threshold = static_cast<double>(u) * total + offset;
+  int64_t sample(int64_t n, W w, float total, float u) {
+    const double threshold = static_cast<double>(u) * total;
     double cumulative = 0.0;
     int64_t last_block = -1;  // the last block with positive weight, for the rounding fallback
     for (int64_t b = 0; b < n; b += kBlock) {

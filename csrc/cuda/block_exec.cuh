@@ -54,9 +54,9 @@ struct BlockExec {
   }
 
   template <class W>
-  __device__ int64_t sample(int64_t n, W w, float total, float u, float offset) {
+  __device__ int64_t sample(int64_t n, W w, float total, float u) {
     constexpr int64_t kNone = INT64_MAX;
-    const float threshold = u * total + offset;
+    const float threshold = u * total;
     float running = 0.f;  // cumulative weight of the chunks before this one
     int64_t last = -1;
     for (int64_t base = 0; base < n; base += BLOCK) {

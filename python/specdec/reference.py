@@ -29,23 +29,12 @@ def sample_from_weights(weights: Tensor, u: float) -> int:
 
 
 def sample_without(weights: Tensor, x: int, u: float) -> int:
-    """A draw from ``weights`` without index x, as the kernels make it: the total is the float32
-    sum less w[x]; a draw landing at or past x is redone with the threshold raised by w[x]."""
-    w = torch.nan_to_num(weights.float(), nan=0.0).clamp_min(0.0)
-    if not 0 <= x < w.numel():
-        return sample_from_weights(w, u)
-    cdf = torch.cumsum(w.double(), 0)
-    wx = float(w[x])
-    total = _float32(_float32(float(cdf[-1])) - wx)
-    if not total > 0:
-        return -1
-    j = int(torch.searchsorted(cdf, u * total, right=True))
-    if j >= x:
-        j = int(torch.searchsorted(cdf, u * total + wx, right=True))
-    if j >= w.numel():
-        positive = torch.nonzero(w > 0).flatten()
-        j = int(positive[-1])
-    return j
+    """A draw from ``weights`` with index x's weight set to zero (x outside the row: nothing
+    excluded); -1 when no weight is left."""
+    w = weights.float().clone()
+    if 0 <= x < w.numel():
+        w[x] = 0.0
+    return sample_from_weights(w, u)
 
 
 def _float32(x: float) -> float:
@@ -217,7 +206,7 @@ def tree_speculative_sampling(
         node, path, token = 0, [0], -1
         while True:
             p = p_all[b, node].clamp_min(0.0)
-            resid, mass, chosen = p.clone(), torch.tensor(1.0), -1
+            resid, mass, rejected, chosen = p.clone(), torch.tensor(1.0), 0.0, -1
             children = [c for c in range(node + 1, T) if par[c] == node and 0 <= tok[c] < V]
             for c in children:
                 x = tok[c]
@@ -233,7 +222,9 @@ def tree_speculative_sampling(
                     if bool(u[c] * mass < px):
                         chosen = c
                         break
-                    mass = mass - px
+                    # m = 1 - p(rejected tokens): the rows are taken as normalised.
+                    rejected += float(px)
+                    mass = torch.tensor(1.0 - rejected, dtype=torch.float32)
                     resid[x] = 0.0
             if chosen >= 0 and len(path) < width:
                 path.append(chosen)
