@@ -226,6 +226,27 @@ def test_tree_greedy_invalid_ids_raise_on_cpu_and_are_never_accepted_on_cuda(dev
     assert path.tolist() == [[0, -1, -1]] and n.tolist() == [0] and nxt.tolist() == [-2]
 
 
+def test_tree_sampling_acceptance_mass_after_rejections_does_not_cancel(device):
+    # Root children with p = 0.1 and 0.89999, both rejected, then p3 = half of what is left. In
+    # float32 1 - 0.1 rounds by 2e-8, 0.2% of the 1e-5 left after 0.89999: a float32 running
+    # difference misjudges u * m < p3 for u within 0.2% of p3 / m. With m = 1 - (p of the
+    # rejected tokens) node 3 is accepted just below p3 / m and rejected just above.
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    p1, p2 = f32(0.1), f32(0.89999)
+    left = 1.0 - float(p1) - float(p2)
+    p3 = f32(left / 2)
+    root = torch.stack([f32(left - float(p3)), p1, p2, p3])
+    p = root.expand(2, 4, 4).contiguous()
+    ratio = float(p3) / left
+    u = torch.tensor([[0.5, 0.99999, 0.99999, ratio * (1 - 1e-4)],
+                      [0.5, 0.99999, 0.99999, ratio * (1 + 1e-4)]])
+    tokens, parents = torch.tensor([[0, 1, 2, 3]] * 2), torch.tensor([[-1, 0, 0, 0]] * 2)
+    path, n, nxt = ops.tree_speculative_sampling(*(t.to(device) for t in (tokens, parents, p, u)))
+    assert n.tolist() == [1, 0] and path[0, 1] == 3 and nxt[1] == 0
+    want = ref.tree_speculative_sampling(tokens, parents, p, u)
+    assert torch.equal(n.cpu(), want[1]) and torch.equal(nxt.cpu(), want[2])
+
+
 def test_tree_sampling_stochastic_many_rejected_siblings(device):
     # Wide trees whose drafted tokens the target mostly rejects: many residual updates in a row,
     # at one node and across nodes (on CUDA, each reads a scratch row that the next rewrites).
