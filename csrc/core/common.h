@@ -26,4 +26,18 @@ SPECDEC_HD inline bool valid_id(int64_t x, int64_t vocab) { return x >= 0 && x <
 // A sampling weight: negative values and NaN count as zero, so they are never drawn.
 SPECDEC_HD inline float clamp_weight(float w) { return w > 0.f ? w : 0.f; }
 
+// a * b rounded to float before any later add. nvcc would fuse `c - a * b` into one FMA (one
+// rounding instead of two), so the CUDA kernels' weights would differ in the last bit from the
+// CPU kernels' and reference.py's, which round the product first (the CPU kernels are built
+// without FMA contraction: x86-64's baseline has no FMA). One bit is enough to move
+// max(0, r - m * q) between zero and a few ulps, i.e. to make a token drawable on one device
+// only. __fmul_rn is never contracted.
+SPECDEC_HD inline float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 }  // namespace specdec::core

@@ -189,7 +189,7 @@ SPECDEC_HD void tree_sampling_row(Exec& ex, const I* tokens, const I* parents, c
         const float m = mass;
         mass = ex.sum(V, [=](int64_t j) {
           const float r = clamp_weight((live ? resid[j] : to_float(p_row[j])) -
-                                       m * to_float(q_row[j]));
+                                       mul_rn(m, to_float(q_row[j])));
           resid[j] = r;
           return r;
         });
