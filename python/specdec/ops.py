@@ -3,9 +3,10 @@
 The compiled ops take their outputs as preallocated out-arguments (``Tensor(a!)``), so engines
 can reuse buffers and capture CUDA graphs; the functions here allocate them and return them.
 Every op checks shapes, dtypes and devices and raises a ``ValueError``/``TypeError`` naming the
-argument; the fake kernels make the same checks, so torch.compile raises them while tracing. Values (token ids in the vocabulary, ``parents`` being a tree) are checked on CPU
-tensors; CUDA kernels cannot raise without a host synchronisation, so there an invalid value is
-handled safely instead (never read or written out of bounds; see docs/ops.md).
+argument; the fake kernels make the same checks, so torch.compile raises them while tracing.
+Values (token ids in the vocabulary, ``parents`` being a tree) are checked on CPU tensors; CUDA
+kernels cannot raise without a host synchronisation, so there an invalid value is handled
+safely instead (never read or written out of bounds; see docs/ops.md).
 
 Index tensors may be int64 or int32; all index tensors of one call share a dtype, and the
 outputs use it. Probabilities may be float32, float16 or bfloat16 (computed in float32).
@@ -445,10 +446,10 @@ def kv_commit(
 
 
 # ---- fake kernels ------------------------------------------------------------------------------
-# The ops only write their out-arguments, so the fake kernels compute nothing; they check what
-# the C++ checks (csrc/op_args.cpp) check without reading data, with the same error types and
-# messages, so that torch.compile reports a wrong shape, dtype or device at trace time. Sizes may
-# be symbolic: every comparison goes to torch._check_* as it is, never through bool().
+# The ops only write their out-arguments, so the fake kernels compute nothing; they make the
+# checks of csrc/op_args.cpp that read no data, raising the same error types naming the same
+# arguments, so that torch.compile reports a wrong shape, dtype or device while tracing. Sizes
+# may be symbolic: every comparison goes to torch._check_* as it is, never through bool().
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -479,7 +480,10 @@ def _check_probs(t: Tensor, op: str, name: str, dim: int) -> None:
 def _check_shape(t: Tensor, op: str, name: str, shape, *, output: bool = False) -> None:
     """``shape``: a None entry matches any size (any size >= 1 for an output)."""
     label = f"output {name}" if output else name
-    message = lambda: f"{label} must have shape {_shape_str(shape)}, got {list(t.shape)}"  # noqa: E731
+
+    def message() -> str:
+        return f"{label} must have shape {_shape_str(shape)}, got {list(t.shape)}"
+
     _fail_unless(t.dim() == len(shape), op, message)
     for size, want in zip(t.shape, shape):
         if want is not None:
@@ -649,8 +653,11 @@ def _check_pool_tables(op: str, head: Tensor, entries: Tensor):
     _check_same_dtype(entries, head, op, "entries", "head")
     _check_device(entries, head, op, "entries")
     C, N = entries.shape[1], entries.shape[2] - 1
-    message = lambda: ("entries must have shape [B, C, N + 1] with C >= 1 slots and n-grams of "  # noqa: E731
-                       f"N >= 2 tokens, got {list(entries.shape)}")
+
+    def message() -> str:
+        return ("entries must have shape [B, C, N + 1] with C >= 1 slots and n-grams of N >= 2 "
+                f"tokens, got {list(entries.shape)}")
+
     _fail_unless(C >= 1, op, message)
     _fail_unless(N >= 2, op, message)
     for t in (head, entries):
@@ -692,7 +699,7 @@ def _(q, k_cache, v_cache, prefix_len, tree_mask=None, scale=None, *, out):
     _check_probs(q, op, "q", 4)
     B, H, T, D = q.shape
     for size in (H, T, D):
-        _fail_unless(size >= 1, op, lambda: f"q must have H, T and D >= 1, got shape {list(q.shape)}")
+        _fail_unless(size >= 1, op, f"q must have H, T and D >= 1, got shape {list(q.shape)}")
     for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
         _check_probs(t, op, name, 4)
         _check_same_dtype(t, q, op, name, "q")
@@ -701,7 +708,10 @@ def _(q, k_cache, v_cache, prefix_len, tree_mask=None, scale=None, *, out):
                      f"{name} must be contiguous in its last (head) dimension")
     _check_shape(k_cache, op, "k_cache", (B, None, None, D))
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
-    heads = lambda: f"the {H} query heads of q must be a multiple of the {Hkv} heads of k_cache"  # noqa: E731
+
+    def heads() -> str:
+        return f"the {H} query heads of q must be a multiple of the {Hkv} heads of k_cache"
+
     _fail_unless(Hkv >= 1, op, heads)  # first: H % 0 would raise ZeroDivisionError
     _fail_unless(H % Hkv == 0, op, heads)
     _fail_unless(S >= T, op,
