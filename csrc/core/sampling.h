@@ -1,13 +1,14 @@
 // Per-row logic of the chain verification ops, written once for the CPU and CUDA kernels.
 //
-// The functions take an executor `ex` that runs the passes over the vocabulary:
-//   bool leader()                   the one thread that writes per-row outputs
-//   void sync()                     makes every thread's earlier writes visible to all
-//   float sum(n, f)                 sum of f(j) for j < n; f is called once per j, and may write
-//                                   element j of a scratch row
-//   int64_t sample(n, w, total, u)  smallest j with w(0) + ... + w(j) > u * total and
-//                                   w(j) > 0; the largest j with w(j) > 0 when rounding leaves
-//                                   none; -1 when all are zero
+// The functions take an executor `ex` that runs the passes over the vocabulary (a pass may be
+// given an index `skip` whose weight counts as 0; -1: none):
+//   bool leader()                         the one thread that writes per-row outputs
+//   void sync()                           makes every thread's earlier writes visible to all
+//   float sum(n, f, skip)                 sum of f(j) for j < n; f is called once per j, and
+//                                         may write element j of a scratch row
+//   int64_t sample(n, w, total, u, skip)  smallest j with w(0) + ... + w(j) > u * total and
+//                                         w(j) > 0; the largest j with w(j) > 0 when rounding
+//                                         leaves none; -1 when all are zero
 // Every thread of an executor runs the same control flow and gets the same results; the CPU
 // executor is a single thread, the CUDA one a thread block.
 #pragma once
@@ -26,14 +27,16 @@ SPECDEC_HD int64_t sample_weights(Exec& ex, int64_t n, W w, float u) {
 }
 
 // Draws from the weights w(j) >= 0 without index x (x outside [0, n): nothing excluded), with
-// the uniform u; -1 when no weight is left. The passes run over the weights with w(x) replaced
-// by 0, so x is never drawn, nor is the fallback ever x. Taking w(x) off the full sum instead
-// would subtract two numbers close to 1 when the target is peaked on x: the total's rounding
-// error, large next to what is left, lets u * total pass every running sum.
+// the uniform u; -1 when no weight is left. Both passes take w(x) as 0, so x is never drawn,
+// nor is the fallback ever x. Taking w(x) off the full sum instead would subtract two numbers
+// close to 1 when the target is peaked on x: the total's rounding error, large next to what is
+// left, lets u * total pass every running sum.
 SPECDEC_HD_TEMPLATE
 template <class Exec, class W>
 SPECDEC_HD int64_t sample_weights_without(Exec& ex, int64_t n, W w, int64_t x, float u) {
-  return sample_weights(ex, n, [=](int64_t j) { return j == x ? 0.f : w(j); }, u);
+  const float total = ex.sum(n, w, x);
+  if (!(total > 0.f)) return -1;
+  return ex.sample(n, w, total, u, x);
 }
 
 SPECDEC_HD_TEMPLATE

@@ -39,12 +39,15 @@ struct BlockExec {
   __device__ void sync() { __syncthreads(); }
 
   template <class F>
-  __device__ float sum(int64_t n, F f) {
+  __device__ float sum(int64_t n, F f, int64_t skip = -1) {
     // f may write element j of a scratch row that every thread read just before (tree
     // sampling reads resid[x], then updates resid): all reads must be done first.
     __syncthreads();
     float acc = 0.f;
-    for (int64_t j = threadIdx.x; j < n; j += BLOCK) acc += f(j);
+    for (int64_t j = threadIdx.x; j < n; j += BLOCK) {
+      const float x = f(j);
+      if (j != skip) acc += x;
+    }
     const float total = Reduce(s.temp.reduce).Sum(acc);
     if (threadIdx.x == 0) s.f = total;
     __syncthreads();
@@ -54,14 +57,14 @@ struct BlockExec {
   }
 
   template <class W>
-  __device__ int64_t sample(int64_t n, W w, float total, float u) {
+  __device__ int64_t sample(int64_t n, W w, float total, float u, int64_t skip = -1) {
     constexpr int64_t kNone = INT64_MAX;
     const float threshold = u * total;
     float running = 0.f;  // cumulative weight of the chunks before this one
     int64_t last = -1;
     for (int64_t base = 0; base < n; base += BLOCK) {
       const int64_t j = base + threadIdx.x;
-      const float x = j < n ? w(j) : 0.f;
+      const float x = j < n && j != skip ? w(j) : 0.f;
       float inclusive, chunk;
       Scan(s.temp.scan).InclusiveSum(x, inclusive, chunk);
       __syncthreads();
