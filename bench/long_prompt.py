@@ -4,7 +4,8 @@ The prompt is Python source from the standard library (a whole module to edit), 
 and wrapped as a chat turn. For each N, interleaved, ``--repeats`` times: HF ``generate`` with one
 new token and ``specdec.generate`` with one new token (both: the prefill plus one choice), then,
 with ``--new-tokens``, plain HF decoding, HF prompt lookup, our ``method=None`` and our
-PromptLookup, all greedy and checked identical. Writes ``bench/results/long_prompt-<model>-<dtype>.{json,md}``.
+PromptLookup, all greedy and checked identical. Writes
+``bench/results/long_prompt-<model>-<dtype>[-new<N>].{json,md}``.
 
     python bench/long_prompt.py --model qwen2.5-coder-0.5b --lengths 500,2000,4000,8000
 
@@ -104,7 +105,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"long_prompt-{Path(args.model).name}-{args.dtype}"
+    stem = f"long_prompt-{Path(args.model).name}-{args.dtype}" + (f"-new{args.new_tokens}" if args.new_tokens else "")
     meta = {"model": args.model, "dtype": args.dtype, "threads": torch.get_num_threads(),
             "repeats": args.repeats, "new_tokens": args.new_tokens}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
