@@ -9,7 +9,7 @@ import torch
 MODULES = [
     "specdec", "specdec.ops", "specdec.ngram_pool", "specdec.cache", "specdec.tree_forward",
     "specdec.sampling", "specdec.cost_model", "specdec.models", "specdec.accelerate",
-    "specdec.random_streams", "specdec.hf_integration", "specdec.decoders.base",
+    "specdec.random_streams", "specdec.hf_integration", "specdec.decoders.base", "specdec.trees",
 ]
 
 
