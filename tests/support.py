@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 def random_probs(*shape: int, gen: torch.Generator, sparsity: float = 0.3) -> torch.Tensor:
@@ -49,3 +50,16 @@ def assert_all_raise(cases) -> None:
         with pytest.raises((ValueError, TypeError), match=match):
             call()
             pytest.fail(f"no error for: {description}")
+
+
+def assert_fakes_match_kernels(inputs: dict, bad_calls, op_calls) -> tuple[FakeTensorMode, dict]:
+    """Under FakeTensorMode (what torch.compile traces with) the fake kernels raise the kernels'
+    shape, dtype and device errors (fake tensors hold no values: value checks are left out) and
+    correct calls pass. Returns the mode and the fake inputs for further checks."""
+    mode = FakeTensorMode()
+    x = {k: mode.from_tensor(v) for k, v in inputs.items()}
+    with mode:
+        assert_all_raise(bad_calls(x, values=False))
+        for op, args, kwargs in op_calls(x):
+            op(*args, **kwargs)
+    return mode, x

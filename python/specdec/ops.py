@@ -469,6 +469,14 @@ def _check_index(t: Tensor, op: str, name: str, dim: int) -> None:
                  lambda: f"{name} must have {dim} dimensions, got shape {list(t.shape)}")
 
 
+def _check_index_like(t: Tensor, ref: Tensor, op: str, name: str, ref_name: str, shape) -> None:
+    """An index tensor of ``shape`` with ``ref``'s dtype and device."""
+    _check_index(t, op, name, len(shape))
+    _check_shape(t, op, name, shape)
+    _check_same_dtype(t, ref, op, name, ref_name)
+    _check_device(t, ref, op, name)
+
+
 def _check_probs(t: Tensor, op: str, name: str, dim: int) -> None:
     _fail_unless(t.is_floating_point(), op,
                  lambda: f"{name} must be a floating tensor (float32, float16, bfloat16), "
@@ -533,10 +541,7 @@ def _check_tree_outputs(op, tree_tokens, parents, accept_path, accept_len, next_
     _check_index(tree_tokens, op, "tree_tokens", 2)
     B, T = tree_tokens.shape
     _fail_unless(T >= 1, op, "tree_tokens needs at least the root node")
-    _check_index(parents, op, "parents", 2)
-    _check_shape(parents, op, "parents", (B, T))
-    _check_same_dtype(parents, tree_tokens, op, "parents", "tree_tokens")
-    _check_device(parents, tree_tokens, op, "parents")
+    _check_index_like(parents, tree_tokens, op, "parents", "tree_tokens", (B, T))
     _check_out(accept_path, tree_tokens, op, "accept_path", (B, None), tree_tokens.dtype)
     _check_out(accept_len, tree_tokens, op, "accept_len", (B,), tree_tokens.dtype)
     _check_out(next_token, tree_tokens, op, "next_token", (B,), tree_tokens.dtype)
@@ -634,10 +639,7 @@ def _(context, context_len, min_n, max_n, earliest=False, *, draft, draft_len):
     op = "ngram_match"
     _check_index(context, op, "context", 2)
     B = context.shape[0]
-    _check_index(context_len, op, "context_len", 1)
-    _check_shape(context_len, op, "context_len", (B,))
-    _check_same_dtype(context_len, context, op, "context_len", "context")
-    _check_device(context_len, context, op, "context_len")
+    _check_index_like(context_len, context, op, "context_len", "context", (B,))
     _fail_unless(min_n >= 1, op, f"min_n must be >= 1, got {min_n}")
     _fail_unless(max_n >= min_n, op, f"max_n ({max_n}) must be >= min_n ({min_n})")
     _check_out(draft, context, op, "draft", (B, None), context.dtype)
@@ -648,10 +650,7 @@ def _check_pool_tables(op: str, head: Tensor, entries: Tensor):
     _check_index(head, op, "head", 2)
     B, V = head.shape
     _fail_unless(V >= 1, op, "head must have one entry per token (V >= 1)")
-    _check_index(entries, op, "entries", 3)
-    _check_shape(entries, op, "entries", (B, None, None))
-    _check_same_dtype(entries, head, op, "entries", "head")
-    _check_device(entries, head, op, "entries")
+    _check_index_like(entries, head, op, "entries", "head", (B, None, None))
     C, N = entries.shape[1], entries.shape[2] - 1
 
     def message() -> str:
@@ -669,15 +668,9 @@ def _check_pool_tables(op: str, head: Tensor, entries: Tensor):
 def _(head, entries, cursor, ngrams, g):
     op = "ngram_pool_insert"
     B, N = _check_pool_tables(op, head, entries)
-    _check_index(cursor, op, "cursor", 1)
-    _check_shape(cursor, op, "cursor", (B,))
-    _check_same_dtype(cursor, head, op, "cursor", "head")
-    _check_device(cursor, head, op, "cursor")
+    _check_index_like(cursor, head, op, "cursor", "head", (B,))
     _fail_unless(cursor.is_contiguous(), op, "cursor must be contiguous")
-    _check_index(ngrams, op, "ngrams", 3)
-    _check_shape(ngrams, op, "ngrams", (B, None, N))
-    _check_same_dtype(ngrams, head, op, "ngrams", "head")
-    _check_device(ngrams, head, op, "ngrams")
+    _check_index_like(ngrams, head, op, "ngrams", "head", (B, None, N))
     _fail_unless(g >= 1, op, f"g must be >= 1, got {g}")
 
 
@@ -685,10 +678,7 @@ def _(head, entries, cursor, ngrams, g):
 def _(head, entries, last_ids, *, candidates, count):
     op = "ngram_pool_lookup"
     B, N = _check_pool_tables(op, head, entries)
-    _check_index(last_ids, op, "last_ids", 1)
-    _check_shape(last_ids, op, "last_ids", (B,))
-    _check_same_dtype(last_ids, head, op, "last_ids", "head")
-    _check_device(last_ids, head, op, "last_ids")
+    _check_index_like(last_ids, head, op, "last_ids", "head", (B,))
     _check_out(candidates, head, op, "candidates", (B, None, N - 1), head.dtype)
     _check_out(count, head, op, "count", (B,), head.dtype)
 
