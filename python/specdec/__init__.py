@@ -30,12 +30,15 @@ _LAZY = {
     "generate": "specdec.decoders",
     "DraftModel": "specdec.decoders",
     "PromptLookup": "specdec.decoders",
+    "Medusa": "specdec.decoders",
     "GenerateOutput": "specdec.decoders",
     "Proposal": "specdec.decoders",
     "StepResult": "specdec.decoders",
     "Context": "specdec.decoders",
     "SpecCache": "specdec.cache",
     "hf_generate": "specdec.hf_integration",
+    "MedusaHeads": "specdec.medusa_heads",
+    "train_medusa": "specdec.medusa_train",
 }
 
 __all__ = [

@@ -201,6 +201,8 @@ def main(args: argparse.Namespace) -> None:
     # whichever method ran first.
     hf = {"hf_prompt_lookup": dict(prompt_lookup_num_tokens=10)}
     ours = {"specdec_prompt_lookup": specdec.PromptLookup()}
+    if args.medusa:
+        ours["specdec_medusa"] = specdec.Medusa(specdec.MedusaHeads.load(args.medusa))
     if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
         ours["specdec_draft"] = specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True)

@@ -71,6 +71,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
         method = specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens, **cap)
     elif args.prompt_lookup:
         method = specdec.PromptLookup(**cap)
+    elif args.medusa:
+        method = specdec.Medusa(specdec.MedusaHeads.load(args.medusa), tree=args.medusa_tree,
+                                **({} if args.num_draft_tokens is None else {"max_nodes": args.num_draft_tokens}))
     else:
         method = None
     typical = None if args.typical is None else specdec.TypicalAcceptance(args.typical, args.typical_alpha)
@@ -118,6 +121,8 @@ def _hf_sampling(sample: dict) -> dict:
 def _describe(args: argparse.Namespace) -> str:
     if args.draft:
         return f"draft model {args.draft}"
+    if args.medusa:
+        return f"Medusa heads {args.medusa}"
     return "prompt lookup" if args.prompt_lookup else "no proposer"
 
 
@@ -135,6 +140,19 @@ def cmd_bench(args: argparse.Namespace) -> None:
     bench.main(args)
 
 
+def cmd_train_medusa(args: argparse.Namespace) -> None:
+    from specdec.medusa_train import train_medusa
+
+    if args.data:  # argument errors before the model is loaded
+        missing = [p for p in args.data if not Path(p).is_file()]
+        if missing:
+            sys.exit(f"specdec train-medusa: --data: no such file: {', '.join(missing)}")
+    target, tokenizer, _ = load_models(args)
+    train_medusa(target, tokenizer, args.out, num_heads=args.heads, num_tokens=args.tokens,
+                 vocab_size=args.vocab_size, data=args.data, num_layers=args.layers,
+                 epochs=args.epochs, resume=args.resume)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -144,6 +162,10 @@ def main(argv: list[str] | None = None) -> None:
     proposer = g.add_mutually_exclusive_group()
     proposer.add_argument("--draft", help="draft model (same tokenizer as the target)")
     proposer.add_argument("--prompt-lookup", action="store_true", help="prompt lookup decoding")
+    proposer.add_argument("--medusa", metavar="DIR", help="Medusa heads (specdec train-medusa, or a "
+                          "FasterDecoding/Medusa checkpoint)")
+    g.add_argument("--medusa-tree", choices=("auto", "dynamic"), default="auto",
+                   help="Medusa's tree: sized from the heads' accuracies and pass costs, or dynamic")
     g.add_argument("--prompt")
     g.add_argument("--prompt-file")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -172,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     b = sub.add_parser("bench", help="our decoders vs plain and HF's assisted/prompt-lookup generation")
     _add_model_args(b)
     b.add_argument("--draft", help="draft model for DraftModel and HF assisted generation")
+    b.add_argument("--medusa", metavar="DIR", help="also run Medusa with these heads")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--draft-head-tokens", type=int, default=65536,
                    help="also run DraftModel(head_tokens=N); 0 leaves that run out")
@@ -184,6 +207,25 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--repeats", type=int, default=1, help="runs of every method per prompt (interleaved)")
     b.add_argument("--out", default="bench/results", help="folder for the JSON, markdown and PNG")
     b.set_defaults(func=cmd_bench)
+
+    from specdec.medusa_train import TrainConfig  # its defaults are the command's
+
+    medusa = TrainConfig()
+    t = sub.add_parser("train-medusa", help="train Medusa heads for a target on its own greedy outputs")
+    _add_model_args(t)
+    t.add_argument("--out", required=True, help="folder for the heads (config.json, heads.safetensors, "
+                   "metrics.json) and the per-epoch checkpoint")
+    t.add_argument("--heads", type=int, default=medusa.num_heads, help="number of heads (head k guesses token t+k+1)")
+    t.add_argument("--layers", type=int, default=medusa.num_layers, help="residual blocks per head")
+    t.add_argument("--tokens", type=int, default=medusa.num_tokens, help="tokens of text run through the target")
+    t.add_argument("--vocab-size", type=int, default=medusa.vocab_size,
+                   help="the heads score at most this many ids, the commonest of the training labels")
+    t.add_argument("--epochs", type=int, default=medusa.epochs)
+    t.add_argument("--data", nargs="+", metavar="PATH", default=None,
+                   help="text or .jsonl ({\"text\": ...} per line) files (default: the Python sources of "
+                        "the installed packages, chat-wrapped for chat models)")
+    t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    t.set_defaults(func=cmd_train_medusa, draft=None, draft_dtype=None)
 
     args = parser.parse_args(argv)
     args.func(args)

@@ -2,9 +2,10 @@
 
 from specdec.decoders.base import generate
 from specdec.decoders.draft import DraftModel
+from specdec.decoders.medusa import Medusa
 from specdec.decoders.prompt_lookup import PromptLookup
 from specdec.decoders.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.decoders.stats import GenerateOutput, GenerateStats
 
-__all__ = ["Context", "DraftModel", "GenerateOutput", "GenerateStats", "Method", "PromptLookup",
+__all__ = ["Context", "DraftModel", "GenerateOutput", "GenerateStats", "Medusa", "Method", "PromptLookup",
            "Proposal", "Proposer", "StepResult", "generate"]

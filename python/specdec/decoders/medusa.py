@@ -1,0 +1,110 @@
+"""Medusa: heads on the target's last hidden state propose a token tree, verified in one pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdec.decoders.protocol import Context, Proposal, StepResult
+from specdec.medusa_heads import MedusaHeads
+from specdec.trees import StaticTree, auto_choices, dynamic_tree
+
+# Without measured pass costs, "auto" trees stay this small on CPU, where a pass grows with
+# its width (docs/verification.md); on a GPU a pass over dozens of tokens costs about one.
+UNPROFILED_CPU_NODES = 16
+
+
+@dataclass
+class Medusa:
+    """Propose a tree of the Medusa heads' top candidates: head k's top-ranked tokens at depth k
+    below the root (the token the target just chose). The heads read the target's final hidden
+    state at the last accepted node, which the verify loop hands over from the same pass.
+
+    ``tree``: ``"auto"`` (default) picks the tree from the heads' held-out per-rank accuracies
+    and the target's pass costs (``generate(..., pass_costs=specdec.profile_passes(model))``;
+    without a profile, at most ``UNPROFILED_CPU_NODES`` nodes on CPU); a list of Medusa choices
+    (paths of head ranks, e.g. ``[(0,), (0, 0), (1,)]``) is used as given; ``"dynamic"``
+    expands each step by cumulative head log-probability up to ``max_nodes`` nodes.
+
+    Example (``heads`` from ``specdec.train_medusa`` or ``specdec.MedusaHeads.load``)::
+
+        out = specdec.generate(model, input_ids, method=specdec.Medusa(heads))
+    """
+
+    heads: MedusaHeads
+    tree: str | Sequence[Sequence[int]] = "auto"
+    max_nodes: int = 64
+    top_k: int = 10
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tree, str) and self.tree not in ("auto", "dynamic"):
+            raise ValueError(f"Medusa: tree must be 'auto', 'dynamic' or a list of choices, got {self.tree!r}")
+        if self.max_nodes < 1 or self.top_k < 1:
+            raise ValueError(f"Medusa: max_nodes and top_k must be >= 1, got {self.max_nodes}, {self.top_k}")
+        if not isinstance(self.tree, str):
+            self.tree = StaticTree.from_choices(self.tree)  # validates the paths now
+
+    @property
+    def max_pass_tokens(self) -> int:
+        if isinstance(self.tree, StaticTree):
+            return len(self.tree.parents)
+        return 1 + self.max_nodes
+
+    @property
+    def models(self) -> tuple[torch.nn.Module, ...]:
+        return ()
+
+    @property
+    def needs_hidden_states(self) -> bool:
+        return True
+
+    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
+              first: StepResult):
+        self.heads.attach(target)
+        tree = self.tree
+        if tree == "auto":
+            tree = StaticTree.from_choices(self._auto_choices(ctx))
+        proposer = _MedusaProposer(self, tree if isinstance(tree, StaticTree) else None)
+        proposer.read(first.hidden[:, 0])
+        return proposer
+
+    def _auto_choices(self, ctx: Context) -> list[tuple[int, ...]]:
+        accuracy = self.heads.rank_accuracy
+        if accuracy is None:
+            raise ValueError("Medusa(tree='auto') needs the heads' per-rank accuracies (saved by "
+                             "specdec.train_medusa); give a list of Medusa choices or tree='dynamic'")
+        nodes = self.max_nodes
+        if not ctx.costs.target_ms and ctx.tokens.device.type == "cpu":
+            nodes = min(nodes, UNPROFILED_CPU_NODES)
+        accuracy = torch.as_tensor(accuracy, dtype=torch.float64)[:, : self.top_k]
+        return auto_choices(accuracy, ctx.costs.target, max_nodes=nodes)
+
+
+class _MedusaProposer:
+    def __init__(self, method: Medusa, tree: StaticTree | None) -> None:
+        self.method, self.tree = method, tree
+        self.k = method.top_k if tree is None else tree.max_rank + 1
+        self.ids: Tensor | None = None       # [B, K, k] the heads' candidates for the next step
+        self.logprobs: Tensor | None = None  # [B, K, k]
+
+    def read(self, hidden: Tensor) -> None:
+        """The heads' candidates from the target's final hidden state ``[B, H]`` at the node
+        whose token the target chose last (the new root's predecessor)."""
+        self.ids, self.logprobs = self.method.heads.topk(hidden, self.k)
+
+    def propose(self, ctx: Context) -> Proposal:
+        root = ctx.roots()
+        if self.tree is not None:
+            tokens = self.tree.tokens(root[:, 0], self.ids)
+            return Proposal(tokens, self.tree.parents_for(tokens.shape[0], tokens.device))
+        tokens, parents = dynamic_tree(self.logprobs, self.ids, self.method.max_nodes)
+        tokens[:, 0] = root[:, 0]
+        return Proposal(tokens, parents)
+
+    def update(self, ctx: Context, step: StepResult) -> None:
+        last = step.last_accepted()
+        rows = torch.arange(last.shape[0], device=last.device)
+        self.read(step.hidden[rows, last])
