@@ -29,6 +29,7 @@ __all__ = [
     "PackedLinear",
     "VerificationConfig",
     "accelerate_verification",
+    "dense_weight",
     "memory_overhead",
     "profile_passes",
 ]
@@ -101,6 +102,26 @@ class PackedLinear(nn.Module):
     def extra_repr(self) -> str:
         bias = self.bias is not None
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
+
+
+def dense_weight(linear: nn.Module) -> Tensor:
+    """The ``[out_features, in_features]`` weight of an ``nn.Linear`` or a :class:`PackedLinear`
+    as a plain tensor.
+
+    A prepared layer keeps the plain weight only for one-row inputs (``keep_plain``) or when
+    another module uses it (a tied head); otherwise it holds only the packed copy, which is
+    unpacked here into a new tensor (the same values: packing is a layout change only).
+
+    Example:
+        >>> lin = nn.Linear(8, 4)
+        >>> torch.equal(dense_weight(PackedLinear(lin, batch_hint=16)), lin.weight)
+        True
+    """
+    if isinstance(linear, PackedLinear):
+        return linear.weight if linear.weight is not None else linear.packed.to_dense()
+    if isinstance(linear, nn.Linear):
+        return linear.weight
+    raise ValueError(f"expected a linear layer (nn.Linear or PackedLinear), not {type(linear).__name__}")
 
 
 def accelerate_verification(

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specdec.accelerate import PackedLinear, VerificationConfig
+from specdec.accelerate import PackedLinear, VerificationConfig, dense_weight
 from specdec.cache import SpecCache
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.decoders.verify import draw
@@ -196,12 +196,10 @@ class _DraftProposer:
 
 def _lowest_ids_head(lm_head: torch.nn.Module, n: int) -> torch.nn.Module:
     """A copy of an LM head (``nn.Linear``, or prepared: ``PackedLinear``) scoring ids 0..n-1."""
-    if isinstance(lm_head, PackedLinear):
-        weight = lm_head.weight if lm_head.weight is not None else lm_head.packed.to_dense()
-    elif isinstance(lm_head, torch.nn.Linear):
-        weight = lm_head.weight
-    else:
-        raise ValueError(f"DraftModel(head_tokens=...) needs a linear LM head, not {type(lm_head).__name__}")
+    try:
+        weight = dense_weight(lm_head)
+    except ValueError as e:
+        raise ValueError(f"DraftModel(head_tokens=...) needs a linear LM head: {e}") from None
     n = min(n, weight.shape[0])
     sub = torch.nn.Linear(weight.shape[1], n, bias=lm_head.bias is not None,
                           device=weight.device, dtype=weight.dtype)
