@@ -215,9 +215,11 @@ def main(argv: list[str] | None = None) -> None:
     _add_model_args(t)
     t.add_argument("--out", required=True, help="folder for the heads (config.json, heads.safetensors, "
                    "metrics.json) and the per-epoch checkpoint")
-    t.add_argument("--heads", type=int, default=medusa.num_heads, help="number of heads (head k guesses token t+k+1)")
+    t.add_argument("--heads", type=int, default=medusa.num_heads,
+                   help="number of heads (head k guesses token t+k+1)")
     t.add_argument("--layers", type=int, default=medusa.num_layers, help="residual blocks per head")
-    t.add_argument("--tokens", type=int, default=medusa.num_tokens, help="tokens of text run through the target")
+    t.add_argument("--tokens", type=int, default=medusa.num_tokens,
+                   help="tokens of text run through the target (the cost: one forward over them)")
     t.add_argument("--vocab-size", type=int, default=medusa.vocab_size,
                    help="the heads score at most this many ids, the commonest of the training labels")
     t.add_argument("--epochs", type=int, default=medusa.epochs)

@@ -139,13 +139,15 @@ def train_medusa(
 
     Defaults, for the 2-core CPU this project is measured on, where the target's forward over
     the data is most of the cost: ``num_tokens=20_000`` fits Qwen2.5-Coder-1.5B's budget of
-    30 minutes (its forward costs about 11x SmolLM2-135M's per token, which ran 20k tokens in
-    about 1.5 minutes: an estimate of 16-20 minutes); the training data, not the heads' training,
-    limits the accuracy (on SmolLM2 10 epochs gained 0.01 top-1 over 6), so give more tokens
-    (``--tokens``) where the budget allows. ``vocab_size=32_768`` is a cap: 20k tokens of labels
-    hold about 2k distinct ids (SmolLM2: 1978, covering 85% of the held-out targets); with more
-    data the commonest 32k ids cover nearly all, while the heads' output GEMM stays a fifth of a
-    152k-row LM head. ``epochs=6``, batches of 128 positions, AdamW at 1e-3 decayed by a cosine.
+    30 minutes (its forward costs about 11x SmolLM2-135M's per token; SmolLM2 ran 20k tokens in
+    55 s, so an estimated 10-16 minutes, the upper end on a busy machine). More data helps, a
+    little: on SmolLM2, 60k tokens (4.2 min of features) raised held-out top-1 from
+    0.248/0.131/0.102 to 0.274/0.160/0.109 (heads 1-3), where 10 epochs instead of 6 gained
+    0.01; give ``--tokens`` where the budget allows. ``vocab_size=32_768`` is a cap: 20k tokens of
+    labels hold about 2k distinct ids (SmolLM2: 1978, covering 85% of the held-out targets;
+    60k: 3802, 92%); with much more data the commonest 32k ids cover nearly all, while the
+    heads' output GEMM stays a fifth of a 152k-row LM head. ``epochs=6``, batches of 128
+    positions, AdamW at 1e-3 decayed by a cosine (3e-3 and batches of 64 were no better).
 
     Example (a tiny random model and a one-id-per-character tokenizer, a second or two):
         >>> import pathlib, tempfile
