@@ -211,3 +211,19 @@ def test_cli_train_medusa_checks_data_before_loading_the_model(tmp_path, monkeyp
     with pytest.raises(SystemExit, match="--data: no such file: .*missing.txt"):
         cli.main(["train-medusa", "--model", "smollm2-135m", "--out", str(tmp_path),
                   "--data", str(tmp_path / "missing.txt")])
+
+
+def test_cached_heads_train_once_then_load(tmp_path, monkeypatch):
+    model = tiny_lm(seed=0)
+    kw = dict(cache_dir=tmp_path, num_tokens=600, vocab_size=32, data=_corpus(tmp_path, 60),
+              chunk_tokens=64, epochs=1, verbose=False)
+    first = medusa_train.cached_heads(model, CharTokenizer(), "tiny/model-float32", **kw)
+    assert (tmp_path / "medusa-heads" / "tiny_model-float32" / "config.json").is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again instead of loading the cached heads")
+
+    monkeypatch.setattr(medusa_train, "train_medusa", no_training)
+    again = medusa_train.cached_heads(model, CharTokenizer(), "tiny/model-float32", **kw)
+    h = torch.randn(2, 64)
+    torch.testing.assert_close(again(h), first(h))

@@ -191,7 +191,7 @@ def main(args: argparse.Namespace) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise SystemExit("specdec bench: the plot needs matplotlib: pip install 'specdec[bench]'")
     import specdec
-    from specdec.cli import _encode, load_models, pad_token_id
+    from specdec.cli import _encode, load_models, medusa_heads, pad_token_id
 
     target, tok, draft = load_models(args)
     costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16, 32))
@@ -202,7 +202,7 @@ def main(args: argparse.Namespace) -> None:
     hf = {"hf_prompt_lookup": dict(prompt_lookup_num_tokens=10)}
     ours = {"specdec_prompt_lookup": specdec.PromptLookup()}
     if args.medusa:
-        ours["specdec_medusa"] = specdec.Medusa(specdec.MedusaHeads.load(args.medusa))
+        ours["specdec_medusa"] = specdec.Medusa(medusa_heads(args, target, tok))
     if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
         ours["specdec_draft"] = specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True)

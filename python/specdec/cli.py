@@ -45,6 +45,19 @@ def load_models(args: argparse.Namespace):
     return target, tokenizer, draft
 
 
+CACHED = "cached"  # --medusa without a directory
+
+
+def medusa_heads(args: argparse.Namespace, target, tokenizer):
+    """The heads of ``--medusa DIR``, or those cached for the model (trained on first use)."""
+    import specdec
+    from specdec.medusa_train import cached_heads
+
+    if args.medusa != CACHED:
+        return specdec.MedusaHeads.load(args.medusa)
+    return cached_heads(target, tokenizer, f"{Path(args.model).name}-{args.dtype}")
+
+
 def pad_token_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -72,7 +85,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     elif args.prompt_lookup:
         method = specdec.PromptLookup(**cap)
     elif args.medusa:
-        method = specdec.Medusa(specdec.MedusaHeads.load(args.medusa), tree=args.medusa_tree,
+        method = specdec.Medusa(medusa_heads(args, target, tokenizer), tree=args.medusa_tree,
                                 **({} if args.num_draft_tokens is None else {"max_nodes": args.num_draft_tokens}))
     else:
         method = None
@@ -162,8 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     proposer = g.add_mutually_exclusive_group()
     proposer.add_argument("--draft", help="draft model (same tokenizer as the target)")
     proposer.add_argument("--prompt-lookup", action="store_true", help="prompt lookup decoding")
-    proposer.add_argument("--medusa", metavar="DIR", help="Medusa heads (specdec train-medusa, or a "
-                          "FasterDecoding/Medusa checkpoint)")
+    proposer.add_argument("--medusa", metavar="DIR", nargs="?", const=CACHED,
+                          help="Medusa heads (specdec train-medusa, or a FasterDecoding/Medusa "
+                               "checkpoint); without DIR, the heads cached for --model, trained on "
+                               "first use")
     g.add_argument("--medusa-tree", choices=("auto", "dynamic"), default="auto",
                    help="Medusa's tree: sized from the heads' accuracies and pass costs, or dynamic")
     g.add_argument("--prompt")
@@ -194,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     b = sub.add_parser("bench", help="our decoders vs plain and HF's assisted/prompt-lookup generation")
     _add_model_args(b)
     b.add_argument("--draft", help="draft model for DraftModel and HF assisted generation")
-    b.add_argument("--medusa", metavar="DIR", help="also run Medusa with these heads")
+    b.add_argument("--medusa", metavar="DIR", nargs="?", const=CACHED,
+                   help="also run Medusa with these heads (without DIR: cached for --model, trained on first use)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--draft-head-tokens", type=int, default=65536,
                    help="also run DraftModel(head_tokens=N); 0 leaves that run out")

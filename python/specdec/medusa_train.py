@@ -43,7 +43,8 @@ from torch import Tensor, nn
 from specdec.medusa_heads import RANKS, MedusaHeads
 from specdec.models import cache_dir as default_cache_dir
 
-__all__ = ["Chunk", "Features", "TrainConfig", "build_chunks", "extract_features", "head_targets", "train_medusa"]
+__all__ = ["Chunk", "Features", "TrainConfig", "build_chunks", "cached_heads", "extract_features", "head_targets",
+           "train_medusa"]
 
 CHECKPOINT = "checkpoint"
 MIN_CHUNK_TOKENS = 32  # shorter windows teach little and cost a forward each
@@ -552,3 +553,22 @@ class _Reporter:
     def __call__(self, message: str) -> None:
         if self.verbose:
             print(message, flush=True)
+
+
+def cached_heads(model: nn.Module, tokenizer: Any, name: str,
+                 cache_dir: str | os.PathLike[str] | None = None, **train_kwargs: Any) -> MedusaHeads:
+    """Medusa heads for ``model`` kept under ``<specdec cache>/medusa-heads/<name>``: loaded when
+    there, trained there on first use with :func:`train_medusa` (``train_kwargs``) otherwise.
+    ``name`` identifies the model and its dtype (e.g. ``"qwen2.5-coder-1.5b-float32"``).
+
+    Heads are not shipped: ours keep only the residual blocks, yet a 1536-wide model's three
+    blocks take 28 MB, past what belongs in a package; training says up front how long it will
+    take (the feature extraction's projection) and takes about 6 minutes for
+    Qwen2.5-Coder-1.5B on the 2-core development CPU (docs/benchmarks.md).
+    """
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / "medusa-heads" / re.sub(r"[^\w.-]", "_", name)
+    if (path / "config.json").is_file():
+        return MedusaHeads.load(path).attach(model)
+    print(f"[medusa] no heads cached for {name}: training them once, into {path}", file=sys.stderr)
+    return train_medusa(model, tokenizer, path, cache_dir=cache_dir, **train_kwargs)
