@@ -1,6 +1,7 @@
 """The `specdec` command."""
 
 import pytest
+import torch
 
 from specdec import cli
 
@@ -96,3 +97,24 @@ def test_generate_typical_says_lossy_and_caps_candidates(capsys, monkeypatch):
     assert "lossy: typical acceptance" in capsys.readouterr().out
     assert seen["typical"] == specdec.TypicalAcceptance(0.09, 0.3)
     assert seen["method"].max_draft_tokens == 3
+
+
+@pytest.mark.real_model
+def test_bench_medusa_with_a_typical_sweep(tmp_path):
+    import json
+
+    import specdec
+
+    target, _ = specdec.models.load("smollm2-135m")
+    heads_dir = tmp_path / "heads"
+    specdec.MedusaHeads.for_target(target, 2, torch.arange(4096)).save(heads_dir)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Write a Python function that adds two numbers.\n")
+    cli.main(["bench", "--model", "smollm2-135m", "--prompt-file", str(prompts), "--max-new-tokens", "8",
+              "--medusa", str(heads_dir), "--typical-sweep", "0.09,0.3", "--out", str(tmp_path)])
+    runs = json.loads((tmp_path / "bench_smollm2-135m_float32.json").read_text())["runs"]
+    by = {r["method"]: r for r in runs}
+    assert set(by) >= {"specdec_medusa", "specdec_medusa_sampled", "specdec_medusa_typical0.09",
+                       "specdec_medusa_typical0.3"}
+    assert by["specdec_medusa"]["identical_to_plain"] and by["specdec_medusa"]["greedy_prefix"] == 1.0
+    assert all(0 <= r["greedy_prefix"] <= 1 for r in runs if r["greedy_prefix"] is not None)

@@ -100,5 +100,19 @@ def test_bad_input():
     other = tiny_lm("llama", seed=34, vocab=64)
     with pytest.raises(ValueError, match="another model"):
         specdec.generate(target, torch.tensor([[1, 2, 3]]), method=specdec.Medusa(random_heads(other), tree=CHOICES))
-    with pytest.raises(ValueError, match="accuracies"):
-        specdec.generate(target, torch.tensor([[1, 2, 3]]), method=specdec.Medusa(random_heads(target)))
+
+
+def test_auto_tree_without_accuracies_uses_the_prior_and_the_costs():
+    # Heads without a held-out table (a FasterDecoding checkpoint): the prior table; flat costs
+    # (a GPU) grow the tree to max_nodes, steep ones (a CPU's fp32 passes) keep it small.
+    from specdec.decoders.protocol import Context
+    from specdec.cost_model import CostModel
+    from specdec.sampling import Sampling
+
+    target = tiny_lm("llama", seed=35)
+    method = specdec.Medusa(random_heads(target), max_nodes=12)
+    ctx = lambda costs: Context(torch.zeros(1, 4, dtype=torch.long), torch.tensor([3]),
+                                torch.zeros(1, dtype=torch.bool), Sampling(), None, CostModel(costs))
+    assert len(method._auto_choices(ctx({1: 10.0, 64: 10.0}))) == 12
+    assert len(method._auto_choices(ctx({1: 10.0, 2: 20.0, 16: 160.0}))) <= 2
+    assert_greedy_identity(target, PROMPTS[:2], method)

@@ -167,6 +167,14 @@ class Run:
     target_passes: int | None = None
     tokens_per_pass: float | None = None
     acceptance_rate: float | None = None
+    greedy_prefix: float | None = None  # share of the tokens before the first difference from plain
+
+
+def _greedy_prefix(out: torch.Tensor, reference: torch.Tensor) -> float:
+    n = min(len(out), len(reference))
+    differ = (out[:n] != reference[:n]).nonzero()
+    same = int(differ[0, 0]) if len(differ) else n
+    return same / max(1, len(reference))
 
 
 def _hf_run(model, ids, max_new, **kw):
@@ -200,23 +208,33 @@ def main(args: argparse.Namespace) -> None:
     # oneDNN's kernel generation and first touches of memory, which would count against
     # whichever method ran first.
     hf = {"hf_prompt_lookup": dict(prompt_lookup_num_tokens=10)}
-    ours = {"specdec_prompt_lookup": specdec.PromptLookup()}
+    # Our methods: name -> (method, extra generate arguments).
+    ours = {"specdec_prompt_lookup": (specdec.PromptLookup(), {})}
     if args.medusa:
-        ours["specdec_medusa"] = specdec.Medusa(medusa_heads(args, target, tok))
+        heads = medusa_heads(args, target, tok)
+        ours["specdec_medusa"] = (specdec.Medusa(heads), {})
+        # Typical acceptance is lossy: sampled at --typical-temperature, next to exact sampling
+        # at that temperature, so the drift from greedy due to sampling alone shows too.
+        sampled = dict(do_sample=True, temperature=args.typical_temperature)
+        if args.typical_sweep:
+            ours["specdec_medusa_sampled"] = (specdec.Medusa(heads), sampled)
+        for eps in args.typical_sweep:
+            ours[f"specdec_medusa_typical{eps:g}"] = (
+                specdec.Medusa(heads), dict(sampled, typical=specdec.TypicalAcceptance(eps)))
     if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
-        ours["specdec_draft"] = specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True)
+        ours["specdec_draft"] = (specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True), {})
         if args.draft_head_tokens:
-            ours[f"specdec_draft_head{args.draft_head_tokens}"] = specdec.DraftModel(
-                draft, num_draft_tokens=8, adaptive=True, head_tokens=args.draft_head_tokens)
+            ours[f"specdec_draft_head{args.draft_head_tokens}"] = (specdec.DraftModel(
+                draft, num_draft_tokens=8, adaptive=True, head_tokens=args.draft_head_tokens), {})
     # The longest measured prompt, so the warm-up's prefill is as long as any measured one.
     warm = _encode(tok, max((p for ps in sets.values() for p in ps[: args.prompts]), key=len),
                    chat=True)
     _hf_run(target, warm, 8, pad_token_id=pad)
     for kw in hf.values():
         _hf_run(target, warm, 8, pad_token_id=pad, **kw)
-    for method in ours.values():  # also makes a reduced draft head, once
-        specdec.generate(target, warm, max_new_tokens=8, method=method, pad_token_id=pad)
+    for method, kw in ours.values():  # also makes a reduced draft head, once
+        specdec.generate(target, warm, max_new_tokens=8, method=method, pad_token_id=pad, **kw)
     runs: list[Run] = []
     for set_name, prompts in sets.items():
         for i, text in enumerate(prompts[: args.prompts]):
@@ -231,15 +249,16 @@ def main(args: argparse.Namespace) -> None:
                     out, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad, **kw)
                     runs.append(Run(set_name, i, name, len(out), secs, len(out) / secs,
                                     torch.equal(out, reference)))
-                for name, method in ours.items():
+                for name, (method, kw) in ours.items():
+                    seed = {"generator": torch.Generator().manual_seed(0)} if kw.get("do_sample") else {}
                     res = specdec.generate(target, ids, max_new_tokens=args.max_new_tokens,
-                                           method=method, pad_token_id=pad, pass_costs=costs)
+                                           method=method, pad_token_id=pad, pass_costs=costs, **kw, **seed)
                     st = res.stats
                     out = res.sequences[0, ids.shape[1]: ids.shape[1] + st.new_tokens]
                     runs.append(Run(set_name, i, name, st.new_tokens, st.wall_time_s,
                                     st.tokens_per_second, torch.equal(out, reference),
                                     st.target_forwards, st.new_tokens / st.target_forwards,
-                                    st.acceptance_rate))
+                                    st.acceptance_rate, _greedy_prefix(out, reference)))
             print(_table([r for r in runs if r.prompt_set == set_name and r.prompt == i]), flush=True)
     _write(args, runs, costs)
 
@@ -258,18 +277,20 @@ def _summary(runs: list[Run]) -> list[dict]:
                 "tokens/pass": sum(r.new_tokens for r in rs) / sum(passes) if passes else None,
                 "acceptance": (sum(r.acceptance_rate for r in rs) / len(rs)) if passes else None,
                 "identical": all(r.identical_to_plain for r in rs),
+                "greedy prefix": (sum(r.greedy_prefix for r in rs) / len(rs)) if passes else None,
             })
     return rows
 
 
 def _table(runs: list[Run]) -> str:
-    lines = ["| set | method | tok/s | speed-up | tokens/pass | acceptance | identical |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| set | method | tok/s | speed-up | tokens/pass | acceptance | identical | greedy prefix |",
+             "|---|---|---|---|---|---|---|---|"]
     for s in _summary(runs):
         tpp = f"{s['tokens/pass']:.2f}" if s["tokens/pass"] else ""
         acc = f"{s['acceptance']:.0%}" if s["acceptance"] is not None else ""
+        prefix = f"{s['greedy prefix']:.0%}" if s["greedy prefix"] is not None else ""
         lines.append(f"| {s['set']} | {s['method']} | {s['tok/s']:.2f} | {s['speed-up']:.2f}x | {tpp} "
-                     f"| {acc} | {'yes' if s['identical'] else 'NO'} |")
+                     f"| {acc} | {'yes' if s['identical'] else 'NO'} | {prefix} |")
     return "\n".join(lines)
 
 

@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--draft", help="draft model for DraftModel and HF assisted generation")
     b.add_argument("--medusa", metavar="DIR", nargs="?", const=CACHED,
                    help="also run Medusa with these heads (without DIR: cached for --model, trained on first use)")
+    b.add_argument("--typical-sweep", type=lambda v: [float(x) for x in v.split(",")], default=[],
+                   metavar="EPS[,EPS...]", help="with --medusa: also Medusa with LOSSY typical "
+                   "acceptance at these posterior thresholds, and exact sampling, at --typical-temperature")
+    b.add_argument("--typical-temperature", type=float, default=0.7)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--draft-head-tokens", type=int, default=65536,
                    help="also run DraftModel(head_tokens=N); 0 leaves that run out")

@@ -24,7 +24,7 @@ class Medusa:
     state at the last accepted node, which the verify loop hands over from the same pass.
 
     ``tree``: ``"auto"`` (default) picks the tree from the heads' held-out per-rank accuracies
-    and the target's pass costs (``generate(..., pass_costs=specdec.profile_passes(model))``;
+    (``prior_rank_accuracy`` for heads without them) and the target's pass costs (``generate(..., pass_costs=specdec.profile_passes(model))``;
     without a profile, at most ``UNPROFILED_CPU_NODES`` nodes on CPU); a list of Medusa choices
     (paths of head ranks, e.g. ``[(0,), (0, 0), (1,)]``) is used as given; ``"dynamic"``
     expands each step by cumulative head log-probability up to ``max_nodes`` nodes.
@@ -73,14 +73,22 @@ class Medusa:
 
     def _auto_choices(self, ctx: Context) -> list[tuple[int, ...]]:
         accuracy = self.heads.rank_accuracy
-        if accuracy is None:
-            raise ValueError("Medusa(tree='auto') needs the heads' per-rank accuracies (saved by "
-                             "specdec.train_medusa); give a list of Medusa choices or tree='dynamic'")
+        if accuracy is None:  # e.g. a FasterDecoding/Medusa checkpoint: no held-out table
+            accuracy = prior_rank_accuracy(self.heads.config.num_heads, self.top_k)
         nodes = self.max_nodes
         if not ctx.costs.target_ms and ctx.tokens.device.type == "cpu":
             nodes = min(nodes, UNPROFILED_CPU_NODES)
         accuracy = torch.as_tensor(accuracy, dtype=torch.float64)[:, : self.top_k]
         return auto_choices(accuracy, ctx.costs.target, max_nodes=nodes)
+
+
+def prior_rank_accuracy(num_heads: int, ranks: int) -> Tensor:
+    """A stand-in per-rank accuracy table for heads that come without one: head k's rank-0
+    candidate right half the time, 0.6x less per later head, and each rank 0.3x the one
+    before (the shape of Medusa-1 heads' tables: ours in docs/benchmarks.md, 0.31/0.20/0.14)."""
+    k = torch.arange(num_heads, dtype=torch.float64)[:, None]
+    r = torch.arange(ranks, dtype=torch.float64)[None]
+    return 0.5 * 0.6**k * 0.3**r
 
 
 class _MedusaProposer:
