@@ -140,8 +140,8 @@ def train_medusa(
 
     Defaults, for the 2-core CPU this project is measured on, where the target's forward over
     the data is most of the cost: ``num_tokens=20_000`` fits Qwen2.5-Coder-1.5B's budget of
-    30 minutes (its forward costs about 11x SmolLM2-135M's per token; SmolLM2 ran 20k tokens in
-    55 s, so an estimated 10-16 minutes, the upper end on a busy machine). More data helps, a
+    30 minutes (measured on the idle machine: 372 s in all, 306 s of it the target's forward;
+    SmolLM2-135M: 55 s of forward while other work shared the machine). More data helps, a
     little: on SmolLM2, 60k tokens (4.2 min of features) raised held-out top-1 from
     0.248/0.131/0.102 to 0.274/0.160/0.109 (heads 1-3), where 10 epochs instead of 6 gained
     0.01; give ``--tokens`` where the budget allows. ``vocab_size=32_768`` is a cap: 20k tokens of
