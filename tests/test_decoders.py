@@ -29,15 +29,18 @@ def first_mismatch_note(model, prompt, want, got) -> str:
     return f"first mismatch at new token {i}: top-2 logit gap {float(top[0] - top[1]):.2e}"
 
 
+def left_padded(prompts: list[list[int]], pad: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts left-padded (as for batched generation) into ``[B, S]`` ids and attention mask."""
+    S = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (S - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (S - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
 def assert_greedy_identity(model, prompts, method, max_new=MAX_NEW, eos=None):
     """specdec.generate on the model's device against HF's generate of the same model."""
     B, S = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, S), 2)
-    mask = torch.zeros(B, S, dtype=torch.long)
-    for b, p in enumerate(prompts):  # left padding, as for batched generation
-        ids[b, S - len(p):] = torch.tensor(p)
-        mask[b, S - len(p):] = 1
-    ids, mask = ids.to(model.device), mask.to(model.device)
+    ids, mask = (t.to(model.device) for t in left_padded(prompts))
     out = specdec.generate(model, ids, max_new_tokens=max_new, method=method, attention_mask=mask,
                            eos_token_id=eos, pad_token_id=2)
     assert out.sequences.shape == (B, S + max_new)

@@ -2,17 +2,11 @@
 
 import pytest
 import torch
-from test_decoders import PROMPTS
+from test_decoders import PROMPTS, left_padded
 from tiny_models import perturbed, tiny_lm
 from transformers import GenerationConfig
 
 import specdec
-
-
-def left_padded(prompts):
-    S = max(len(p) for p in prompts)
-    ids = torch.tensor([[2] * (S - len(p)) + p for p in prompts])
-    return ids, (ids != 2).long()
 
 
 @pytest.mark.parametrize("method", ["lookup", "draft", None])

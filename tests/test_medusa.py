@@ -8,7 +8,6 @@ from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
 from tiny_models import tiny_lm
 
 import specdec
-from specdec.trees import StaticTree
 
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
+from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy, left_padded
 from tiny_models import perturbed, tiny_lm
 
 import specdec
@@ -161,37 +161,29 @@ def test_trailing_padding_is_not_computed_on_cpu():
 SAMPLING = dict(do_sample=True, temperature=0.9, top_p=0.95)
 
 
-def sample(target, ids, method, seed, **kw):
-    ids = ids.to(target.device)
-    mask = (ids != 2).long()
+def sample(target, prompts, method, seed, **kw):
+    ids, mask = (t.to(target.device) for t in left_padded(prompts))
     return specdec.generate(target, ids, max_new_tokens=20, method=method, attention_mask=mask,
                             generator=torch.Generator().manual_seed(seed), eos_token_id=[],
                             pad_token_id=2, **SAMPLING, **kw).sequences
-
-
-def left_padded(prompts):
-    S = max(len(p) for p in prompts)
-    return torch.tensor([[2] * (S - len(p)) + p for p in prompts])
 
 
 def test_seeded_sampling_emits_what_one_token_decoding_emits_whatever_the_method(device):
     target = tiny_lm("llama", seed=13, init=0.15)
     draft = perturbed(target, 0.2, 1).to(device)
     target = target.to(device)
-    ids = left_padded(PROMPTS)
-    plain = sample(target, ids, None, seed=5)
+    plain = sample(target, PROMPTS, None, seed=5)
     methods = [specdec.PromptLookup(), specdec.PromptLookup(adaptive=False, num_draft_tokens=7),
                specdec.DraftModel(draft, 3), specdec.DraftModel(draft, adaptive=True)]
     for method in methods:
-        assert torch.equal(sample(target, ids, method, seed=5), plain), method
-    assert not torch.equal(sample(target, ids, None, seed=6), plain)  # the seed matters
+        assert torch.equal(sample(target, PROMPTS, method, seed=5), plain), method
+    assert not torch.equal(sample(target, PROMPTS, None, seed=6), plain)  # the seed matters
 
 
 def test_rejection_sampled_drafts_reproduce_with_the_same_seed():
     target = tiny_lm("llama", seed=14, init=0.15)
     method = specdec.DraftModel(perturbed(target, 0.3, 2), 3, coupled=False)
-    ids = left_padded(PROMPTS[:2])
-    assert torch.equal(sample(target, ids, method, 3), sample(target, ids, method, 3))
+    assert torch.equal(sample(target, PROMPTS[:2], method, 3), sample(target, PROMPTS[:2], method, 3))
 
 
 def test_typical_acceptance_is_lossy_and_accepts_more():

@@ -36,7 +36,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from specdec import ops
 from specdec.cache import SpecCache
 
-__all__ = ["ATTN_IMPLEMENTATION", "enable_tree_attention", "prefill", "tree_attention_enabled", "tree_forward"]
+__all__ = ["ATTN_IMPLEMENTATION", "enable_tree_attention", "node_layout", "prefill", "tree_attention_enabled",
+           "tree_forward"]
 
 ATTN_IMPLEMENTATION = "specdec_tree"
 
@@ -124,6 +125,21 @@ def _cache_kwarg(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def node_layout(parents: Tensor | None, lengths: Tensor, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The attention mask among a pass's nodes ``[B, T, T]`` and their absolute positions
+    ``[B, T]``: those given, else the tree's (a node sees its ancestors and sits at
+    ``lengths + depth``)."""
+    if attention_mask is not None and position_ids is not None:
+        return attention_mask, position_ids
+    if parents is None:
+        raise ValueError("specdec.tree_forward: an attention_mask needs position_ids or parents")
+    tree_mask, depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
+    if position_ids is None:
+        position_ids = lengths[:, None] + depth.to(lengths.dtype)
+    return (tree_mask if attention_mask is None else attention_mask), position_ids
+
+
 # Chains at least this long (prompts) go through fused SDPA; shorter ones (a draft's one or two
 # pending tokens) through the tree kernel, which needs no host read of the lengths.
 SDPA_MIN_CHAIN = 16
@@ -196,30 +212,26 @@ def tree_forward(
     lengths = cache.lengths
     if lengths.shape[0] != B:
         raise ValueError(f"specdec.tree_forward: tree_tokens has {B} rows, the cache {lengths.shape[0]}")
-    if lengths.device.type == "cpu" and int(lengths.max()) + T > cache.max_length:
+    # The longest row: read once on CPU (free there); on CUDA only for a long chain (a prompt).
+    longest = int(lengths.max()) if lengths.device.type == "cpu" else None
+    if longest is not None and longest + T > cache.max_length:
         raise ValueError(
             f"specdec.tree_forward: {T} more tokens do not fit the cache (max_length "
-            f"{cache.max_length}, longest row {int(lengths.max())})"
+            f"{cache.max_length}, longest row {longest})"
         )
-    mask, kv_len = attention_mask, None
-    if mask is not None:
-        if mask.shape != (B, T, T) or mask.dtype != torch.bool:
-            raise ValueError(f"specdec.tree_forward: attention_mask must be bool [{B}, {T}, {T}], "
-                             f"got {mask.dtype} {tuple(mask.shape)}")
-        if position_ids is None and parents is None:
-            raise ValueError("specdec.tree_forward: an attention_mask needs position_ids or parents")
-    if position_ids is None or (mask is None and parents is not None):
-        if parents is None:
-            depth = torch.arange(T, device=tree_tokens.device).expand(B, T)
-            if T >= SDPA_MIN_CHAIN:  # one host read, for a long chain only
-                kv_len = int(lengths.max()) + T
-        else:
-            tree_mask, depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
-            mask = tree_mask if mask is None else mask
-        if position_ids is None:
-            position_ids = lengths[:, None] + depth.to(lengths.dtype)
-    elif position_ids.shape != (B, T):
+    if attention_mask is not None and (attention_mask.shape != (B, T, T) or attention_mask.dtype != torch.bool):
+        raise ValueError(f"specdec.tree_forward: attention_mask must be bool [{B}, {T}, {T}], "
+                         f"got {attention_mask.dtype} {tuple(attention_mask.shape)}")
+    if position_ids is not None and position_ids.shape != (B, T):
         raise ValueError(f"specdec.tree_forward: position_ids must be [{B}, {T}], got {tuple(position_ids.shape)}")
+    mask, kv_len = attention_mask, None
+    if parents is None and mask is None:  # a chain
+        if position_ids is None:
+            position_ids = lengths[:, None] + torch.arange(T, device=lengths.device)
+        if T >= SDPA_MIN_CHAIN:
+            kv_len = (int(lengths.max()) if longest is None else longest) + T
+    else:
+        mask, position_ids = node_layout(parents, lengths, mask, position_ids)
     inputs = dict(input_ids=tree_tokens, position_ids=position_ids.to(lengths.dtype), use_cache=True,
                   specdec_prefix_len=lengths, specdec_tree_mask=mask, specdec_kv_len=kv_len)
     if head is not None or return_hidden:

@@ -14,6 +14,7 @@ as :func:`specdec.ops.build_tree` expects):
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import operator
 from collections.abc import Callable, Sequence
@@ -116,6 +117,11 @@ class StaticTree:
         device = topk_ids.device
         nodes = topk_ids[:, self.depth[1:].to(device) - 1, self.rank[1:].to(device)]
         return torch.cat([root.to(topk_ids.dtype).unsqueeze(1), nodes], dim=1)
+
+    def to(self, device: torch.device | str) -> StaticTree:
+        """The tree with its index tensors on ``device`` (moved once, not at every step)."""
+        return dataclasses.replace(self, parents=self.parents.to(device), depth=self.depth.to(device),
+                                   rank=self.rank.to(device))
 
     def parents_for(self, batch: int, device: torch.device | str,
                     dtype: torch.dtype = torch.int64) -> Tensor:

@@ -16,7 +16,6 @@ import time
 import torch
 from torch import Tensor
 
-from specdec import ops
 from specdec.cache import SpecCache
 from specdec.cost_model import CostModel
 from specdec.decoders.protocol import Context, Method, Proposal, Proposer, StepResult
@@ -25,7 +24,7 @@ from specdec.decoders.verify import Verifier
 from specdec.ops import TypicalAcceptance
 from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
-from specdec.tree_forward import prefill, tree_attention_enabled, tree_forward
+from specdec.tree_forward import node_layout, prefill, tree_attention_enabled, tree_forward
 
 __all__ = ["Context", "GenerateOutput", "GenerateStats", "Method", "Proposal", "Proposer",
            "StepResult", "generate", "left_align"]
@@ -161,7 +160,8 @@ def generate(
             proposal = proposer.propose(ctx) if proposer else Proposal(ctx.roots(), _no_parent(B, device))
             if device.type == "cpu":  # run the real nodes only: a host read is free here
                 proposal = _without_trailing_padding(proposal)
-            mask, positions = _layout(proposal, cache)
+            mask, positions = node_layout(proposal.parents, cache.lengths, proposal.attention_mask,
+                                          proposal.position_ids)
             pass_start = time.perf_counter()
             out = tree_forward(model, cache, proposal.tokens.clamp_min(0), proposal.parents,
                                attention_mask=mask, position_ids=positions, return_hidden=hidden_wanted)
@@ -208,18 +208,6 @@ def _without_trailing_padding(proposal: Proposal) -> Proposal:
     last = ((proposal.tokens >= 0) * torch.arange(T, device=proposal.tokens.device)).amax()
     width = int(last) + 1
     return proposal if width == T else proposal.narrowed(width)
-
-
-def _layout(proposal: Proposal, cache: SpecCache) -> tuple[Tensor, Tensor]:
-    """The pass's attention mask among the nodes and their absolute positions: the proposal's
-    own, else the tree's (ancestors; the root's position + depth)."""
-    mask, positions = proposal.attention_mask, proposal.position_ids
-    if mask is None or positions is None:
-        tree_mask, depth, _ = ops.build_tree(proposal.parents, max_leaves=1, max_depth=0)
-        mask = tree_mask if mask is None else mask
-        if positions is None:
-            positions = cache.lengths[:, None] + depth.to(cache.lengths.dtype)
-    return mask, positions
 
 
 def _right_padded(tokens: Tensor, lengths: Tensor) -> Tensor:

@@ -134,9 +134,7 @@ class _DraftProposer:
         prefill(method.model, self.cache, prompt, prompt_len, self.head)
 
     def _scores(self, logits: Tensor) -> Tensor:
-        if logits.shape[-1] <= self.proposable:
-            return logits
-        return logits[..., : self.proposable]
+        return logits[..., : self.proposable]  # a view
 
     def propose(self, ctx: Context) -> Proposal:
         method, sampling = self.method, ctx.sampling

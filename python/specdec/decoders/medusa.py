@@ -24,8 +24,9 @@ class Medusa:
     state at the last accepted node, which the verify loop hands over from the same pass.
 
     ``tree``: ``"auto"`` (default) picks the tree from the heads' held-out per-rank accuracies
-    (``prior_rank_accuracy`` for heads without them) and the target's pass costs (``generate(..., pass_costs=specdec.profile_passes(model))``;
-    without a profile, at most ``UNPROFILED_CPU_NODES`` nodes on CPU); a list of Medusa choices
+    (``prior_rank_accuracy`` for heads without them) and the target's pass costs
+    (``generate(..., pass_costs=specdec.profile_passes(model))``; without a profile, at most
+    ``UNPROFILED_CPU_NODES`` nodes on CPU); a list of Medusa choices
     (paths of head ranks, e.g. ``[(0,), (0, 0), (1,)]``) is used as given; ``"dynamic"``
     expands each step by cumulative head log-probability up to ``max_nodes`` nodes.
 
@@ -67,7 +68,8 @@ class Medusa:
         tree = self.tree
         if tree == "auto":
             tree = StaticTree.from_choices(self._auto_choices(ctx))
-        proposer = _MedusaProposer(self, tree if isinstance(tree, StaticTree) else None)
+        rows, device = ctx.tokens.shape[0], ctx.tokens.device
+        proposer = _MedusaProposer(self, tree.to(device) if isinstance(tree, StaticTree) else None, rows)
         proposer.read(first.hidden[:, 0])
         return proposer
 
@@ -92,9 +94,11 @@ def prior_rank_accuracy(num_heads: int, ranks: int) -> Tensor:
 
 
 class _MedusaProposer:
-    def __init__(self, method: Medusa, tree: StaticTree | None) -> None:
+    def __init__(self, method: Medusa, tree: StaticTree | None, rows: int) -> None:
         self.method, self.tree = method, tree
         self.k = method.top_k if tree is None else tree.max_rank + 1
+        # A static tree's parents are the same every step: made once per call.
+        self.parents = None if tree is None else tree.parents_for(rows, tree.parents.device)
         self.ids: Tensor | None = None       # [B, K, k] the heads' candidates for the next step
         self.logprobs: Tensor | None = None  # [B, K, k]
 
@@ -106,8 +110,7 @@ class _MedusaProposer:
     def propose(self, ctx: Context) -> Proposal:
         root = ctx.roots()
         if self.tree is not None:
-            tokens = self.tree.tokens(root[:, 0], self.ids)
-            return Proposal(tokens, self.tree.parents_for(tokens.shape[0], tokens.device))
+            return Proposal(self.tree.tokens(root[:, 0], self.ids), self.parents)
         tokens, parents = dynamic_tree(self.logprobs, self.ids, self.method.max_nodes)
         tokens[:, 0] = root[:, 0]
         return Proposal(tokens, parents)
