@@ -232,22 +232,22 @@ def test_right_padded_batch_gives_the_same_tokens_as_left_padded():
 
 
 def test_two_chains_merge_into_one_tree():
-    from specdec.decoders.prompt_lookup import _merge_chains
+    from specdec.trees import merge_chains
 
     root = torch.tensor([[0], [0], [0]])
     a = torch.tensor([[5, 6, 7], [5, 6, -1], [-1, -1, -1]])
     b = torch.tensor([[5, 8, 9], [5, 6, -1], [-1, -1, -1]])
-    tokens, parents = _merge_chains(root, torch.stack([a, b], 1))
+    tokens, parents = merge_chains(root, torch.stack([a, b], 1))
     # Row 0: b leaves a after 5: 8 hangs under a's 5 (node 1), 9 under 8. Row 1: b is a.
     assert tokens.tolist() == [[0, 5, 6, 7, 8, 9], [0, 5, 6, -1, -1, -1], [0, -1, -1, -1, -1, -1]]
     assert parents.tolist() == [[-1, 0, 1, 2, 1, 4], [-1, 0, 1, 0, 0, 0], [-1, 0, 0, 0, 0, 0]]
 
 
 def test_a_third_chain_joins_the_branch_it_shares_a_prefix_with():
-    from specdec.decoders.prompt_lookup import _merge_chains
+    from specdec.trees import merge_chains
 
     chains = torch.tensor([[[5, 6, -1], [7, 8, 1], [7, 8, 2]]])
-    tokens, parents = _merge_chains(torch.tensor([[0]]), chains)
+    tokens, parents = merge_chains(torch.tensor([[0]]), chains)
     assert tokens.tolist() == [[0, 5, 6, 7, 8, 1, 2]]
     # 7 starts a second branch under the root; the third chain's 2 hangs under the second's 8.
     assert parents.tolist() == [[-1, 0, 1, 0, 3, 4, 4]]

@@ -2,7 +2,7 @@
 
 Compiled CPU/CUDA ops (``torch.ops.specdec.*``, typed wrappers in :mod:`specdec.ops`) for
 verifying drafted tokens exactly, and decoders over Hugging Face ``transformers`` models
-(``specdec.generate`` with ``DraftModel`` or ``PromptLookup``; they need transformers and are
+(``specdec.generate`` with ``DraftModel``, ``Medusa``, ``Lookahead`` or ``PromptLookup``; they need transformers and are
 imported on first use).
 """
 
@@ -31,6 +31,7 @@ _LAZY = {
     "DraftModel": "specdec.decoders",
     "PromptLookup": "specdec.decoders",
     "Medusa": "specdec.decoders",
+    "Lookahead": "specdec.decoders",
     "GenerateOutput": "specdec.decoders",
     "Proposal": "specdec.decoders",
     "StepResult": "specdec.decoders",

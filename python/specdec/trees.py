@@ -1,5 +1,5 @@
-"""Token trees for Medusa-style proposers: heads that each give a top-k list for one depth,
-whatever the path above it.
+"""Token trees: for Medusa-style proposers (heads that each give a top-k list for one depth,
+whatever the path above it), and chains merged into one tree (prompt lookup, lookahead).
 
 Three ways to shape the tree of a step (node 0 is the root, a parent precedes its children,
 as :func:`specdec.ops.build_tree` expects):
@@ -10,6 +10,9 @@ as :func:`specdec.ops.build_tree` expects):
   the target's pass costs, as large as pays for itself;
 - :func:`dynamic_tree`: a tree per row and step, the paths with the highest cumulative
   log-probability under the heads.
+
+:func:`merge_chains` turns several candidate chains per row into one tree, shared prefixes
+merged.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["StaticTree", "auto_choices", "dynamic_tree"]
+__all__ = ["StaticTree", "auto_choices", "dynamic_tree", "merge_chains"]
 
 Path = tuple[int, ...]
 
@@ -276,3 +279,35 @@ def dynamic_tree(logprobs: Tensor, ids: Tensor, budget: int) -> tuple[Tensor, Te
     out_parents[:, 1:nodes + 1] = tree_parents.to(ids.dtype)
     out_parents[:, 0] = -1
     return out_tokens, out_parents
+
+
+def merge_chains(root: Tensor, chains: Tensor) -> tuple[Tensor, Tensor]:
+    """Tokens and parents [B, T] of the tree with root ``root [B, 1]`` and the chains
+    ``chains [B, M, k]`` (-1 padded) below it, merged where they share a prefix: a node belongs
+    to the first chain with its prefix. Nodes are [root, chain 0's, chain 1's own, ...], padding
+    (-1, under the root) at the end of a row; T is the largest node count of a row (one host
+    sync, to size the pass)."""
+    B, M, k = chains.shape
+    valid = chains >= 0
+    # same[b, m, n, i]: chains m and n agree on their first i + 1 tokens.
+    same = ((chains[:, :, None] == chains[:, None]) & valid[:, :, None]).long().cumprod(3)
+    owner = same.argmax(2)  # the first such chain (argmax returns the first maximum)
+    own = valid & (owner == torch.arange(M, device=chains.device)[:, None])
+    columns = torch.arange(k, device=chains.device)
+    # Node (m, i) sits at 1 + m * k + i; its parent is node (owner of (m, i - 1), i - 1), or the root.
+    parent = torch.cat([torch.zeros_like(owner[..., :1]), 1 + owner[..., :-1] * k + columns[:-1]], 2)
+    tokens = torch.cat([root, torch.where(own, chains, -1).reshape(B, M * k)], 1)
+    parents = torch.cat([torch.full_like(root, -1), parent.reshape(B, M * k)], 1)
+    # Drop the padding and renumber: a kept node's new index is the count of kept nodes before it.
+    keep = tokens >= 0
+    keep[:, 0] = True
+    index = keep.long().cumsum(1) - 1
+    width = int(keep.sum(1).max())
+    slot = torch.where(keep, index, width)  # dropped nodes go to a spare last column
+    new_parents = torch.where(parents >= 0, torch.gather(index, 1, parents.clamp_min(0)), -1)
+    out_tokens = torch.full((B, width + 1), -1, dtype=tokens.dtype, device=tokens.device)
+    out_parents = torch.zeros((B, width + 1), dtype=parents.dtype, device=parents.device)
+    out_tokens.scatter_(1, slot, tokens)
+    out_parents.scatter_(1, slot, new_parents)
+    out_parents[:, 0] = -1
+    return out_tokens[:, :width], out_parents[:, :width]

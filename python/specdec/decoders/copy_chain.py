@@ -1,0 +1,61 @@
+"""Candidates copied from the context: what followed the EARLIEST earlier occurrence of the
+context's longest suffix n-gram (the original being copied), as long as the recent acceptance
+and the measured pass costs say pays. Prompt lookup's first chain; lookahead's long copies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specdec import ops
+from specdec.cost_model import AcceptanceEstimate
+from specdec.decoders.protocol import Context
+
+
+@dataclass
+class CopyChain:
+    """``propose`` gives this step's chain ``[B, k]`` (-1 padded); ``observe`` after the step
+    learns how far it was accepted.
+
+    ``limit``: most candidates; with ``adaptive`` the length maximising expected tokens per ms
+    (``CostModel.best_length``), which may be 0 (no chain)."""
+
+    min_ngram: int
+    max_ngram: int
+    limit: int
+    adaptive: bool
+    acceptance: AcceptanceEstimate = field(default_factory=lambda: AcceptanceEstimate(prior=0.5))
+    chain: Tensor | None = None          # this step's [B, k]
+    start: Tensor = field(default_factory=lambda: torch.zeros(0))  # committed lengths then
+
+    def propose(self, ctx: Context, explore: bool = False) -> Tensor | None:
+        """The chain, or None when no candidate pays (``explore``: then one candidate anyway,
+        so that the estimate can recover)."""
+        k = self.limit
+        if self.adaptive:
+            k = ctx.costs.best_length(self.acceptance, k) or int(explore)
+        self.chain = None
+        if k == 0:
+            return None
+        self.chain = ops.ngram_match(ctx.tokens, ctx.lengths, min_n=self.min_ngram, max_n=self.max_ngram,
+                                     k=k, earliest=True)[0]
+        self.start = ctx.lengths.clone()
+        return self.chain
+
+    def observe(self, ctx: Context, accept_len: Tensor, live: Tensor) -> list[list[int]]:
+        """Learns from the step just committed; returns, per row of ``live`` (one host read),
+        ``[accepted, accepted of this chain alone, the chain's length]``."""
+        if self.chain is None:
+            return []
+        k = self.chain.shape[1]
+        columns = torch.arange(k, device=self.chain.device)
+        committed = torch.gather(ctx.tokens, 1, (self.start[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1))
+        chain_accepted = ((self.chain == committed) & (columns < accept_len[:, None])).long().cumprod(1).sum(1)
+        chain_len = (self.chain >= 0).sum(1)
+        rows = torch.stack([accept_len, chain_accepted, chain_len], 1)[live].tolist()
+        if self.adaptive:
+            chains = [(a, n) for _, a, n in rows if n > 0]
+            self.acceptance.observe([a for a, _ in chains], [n for _, n in chains])
+        return rows

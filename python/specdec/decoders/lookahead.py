@@ -1,0 +1,253 @@
+"""Lookahead decoding (Fu et al., 2024): a Jacobi window and an n-gram pool, in one target pass.
+
+No draft model and no training. Each step the target runs once over three groups of nodes:
+
+- the root (the last committed token, at position p - 1);
+- the verification branch: up to G n-grams from the row's pool whose first token is the root,
+  and a longer copy from the context (what followed the earliest earlier occurrence of its
+  longest suffix n-gram), merged into a trie (candidates, verified as a tree);
+- the lookahead window: N - 1 levels by W columns of guessed tokens, never verified. Level l of
+  column j sits at position p + j + l and sees the root, level 0 of columns 0..j and levels
+  1..l of its own column: a contiguous context, so its logits guess the token after it.
+
+From the window's logits the top level's argmax gives each column a new level; a full column
+(N - 1 levels and the new token) is an n-gram of N tokens that goes into the pool, and the
+column shifts up one level. The window starts from random prompt tokens (level 0) and fills
+one level per step.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specdec import ops
+from specdec.decoders.copy_chain import CopyChain
+from specdec.decoders.protocol import Context, Proposal, StepResult
+from specdec.ngram_pool import NGramPool
+from specdec.trees import merge_chains
+
+# Exploration: every this many steps the adaptive sizes try every guess, so that the
+# estimates of the larger guess sets stay current.
+EXPLORE_EVERY = 8
+
+
+@dataclass
+class Lookahead:
+    """Lookahead decoding: verify n-grams from a per-row pool while a Jacobi window, computed
+    in the same target pass, keeps producing new n-grams for it.
+
+    Args:
+        window: W, columns of the lookahead window.
+        ngram: N, the n-gram length (the window has N - 1 levels; a verified n-gram proposes
+            up to N - 1 tokens).
+        guess_set: G, most n-grams verified per step (and kept per key token in the pool).
+        pool_from_prompt: also fill the pool with the prompt's n-grams and with the output's
+            as it is committed; False: the window's n-grams only, as in the reference
+            implementation.
+        copy_tokens: most tokens of the copy from the context verified with the n-grams (an
+            n-gram proposes at most N - 1 tokens; edited code repeats whole lines); 0: none.
+            With ``pool_from_prompt=False`` and ``copy_tokens=0`` the candidates are the
+            reference's.
+        adaptive: size each step from the target's pass costs and the pool's recent hits:
+            the guesses that maximise expected tokens per ms, and window columns only as far
+            as they cost at most half of what the guesses currently add (on a GPU, where a
+            pass over a hundred tokens costs about one, that is always the whole window).
+            False: always W columns and G guesses.
+        seed: picks the prompt tokens that start the window (reproducible runs).
+
+    Greedy output equals the target's greedy output; sampling is lossless (the n-grams are
+    deterministic candidates; the window is never verified).
+
+    Example (``model`` a Hugging Face causal LM)::
+
+        out = specdec.generate(model, input_ids, method=specdec.Lookahead(window=5, ngram=4))
+    """
+
+    window: int = 5
+    ngram: int = 4
+    guess_set: int = 5
+    pool_from_prompt: bool = True
+    copy_tokens: int = 32
+    adaptive: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"Lookahead: window must be >= 1, got {self.window}")
+        if self.ngram < 2:
+            raise ValueError(f"Lookahead: ngram must be >= 2 (a key token and a continuation), got {self.ngram}")
+        if self.guess_set < 0:
+            raise ValueError(f"Lookahead: guess_set must be >= 0, got {self.guess_set}")
+        if self.copy_tokens < 0:
+            raise ValueError(f"Lookahead: copy_tokens must be >= 0, got {self.copy_tokens}")
+
+    @property
+    def max_pass_tokens(self) -> int:
+        return 1 + (self.window + self.guess_set) * (self.ngram - 1) + self.copy_tokens
+
+    @property
+    def models(self) -> tuple[torch.nn.Module, ...]:
+        return ()
+
+    @property
+    def needs_hidden_states(self) -> bool:
+        return False
+
+    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
+              first: StepResult):
+        B, device = ctx.tokens.shape[0], ctx.tokens.device
+        pool = NGramPool(B, first.logits.shape[-1], self.ngram, max(self.guess_set, 1), device)
+        proposer = _LookaheadProposer(self, pool, _initial_window(self, prompt, prompt_len))
+        if self.pool_from_prompt:  # every n-gram of the prompt and the first emitted token
+            proposer.insert_context(ctx, torch.full_like(prompt_len, self.ngram - 1),
+                                    int(prompt_len.max()) + 2 - self.ngram)
+        return proposer
+
+
+def _initial_window(method: Lookahead, prompt: Tensor, prompt_len: Tensor) -> Tensor:
+    """``[B, N - 1, W]``: level 0 random tokens of each row's prompt, the other levels empty."""
+    B = prompt.shape[0]
+    generator = torch.Generator().manual_seed(method.seed)
+    picks = (torch.rand(B, method.window, generator=generator, dtype=torch.float64).to(prompt.device)
+             * prompt_len[:, None]).long()
+    levels = torch.full((B, method.ngram - 1, method.window), -1, dtype=torch.long, device=prompt.device)
+    levels[:, 0] = torch.gather(prompt, 1, picks)
+    return levels
+
+
+@functools.lru_cache(maxsize=256)
+def _window_layout(fill: tuple[int, ...]) -> tuple[list[int], list[int], Tensor, Tensor]:
+    """Levels, columns, mask ``[n, n]`` among the window's n nodes and position offsets after
+    the root, for columns with ``fill[j]`` levels each (level-major node order)."""
+    nodes = [(l, j) for l in range(max(fill)) for j in range(len(fill)) if l < fill[j]]
+    levels = [l for l, _ in nodes]
+    columns = [j for _, j in nodes]
+    mask = torch.tensor([[(l2 == 0 and j2 <= j) or (j2 == j and 0 < l2 <= l) for l2, j2 in nodes]
+                         for l, j in nodes], dtype=torch.bool).reshape(len(nodes), len(nodes))
+    offsets = torch.tensor([1 + j + l for l, j in nodes], dtype=torch.long)
+    return levels, columns, mask, offsets
+
+
+class _LookaheadProposer:
+    def __init__(self, method: Lookahead, pool: NGramPool, levels: Tensor) -> None:
+        self.method, self.pool, self.levels = method, pool, levels
+        self.copy = CopyChain(1, 3, method.copy_tokens, method.adaptive) if method.copy_tokens else None
+        self.fill = [1] * method.window  # filled levels per column (the same for every row)
+        g = method.guess_set
+        # Expected accepted tokens when verifying the first g guesses (a prior until measured).
+        self.hit = [min(1.0, 0.2 * i) for i in range(g + 1)]
+        self.steps = 0
+        self.guesses: Tensor | None = None  # [B, g, N - 1] verified this step
+        self.columns = 0                    # window columns run this step
+        self.window_start = 0               # the window's first node index
+        self.start = torch.zeros(0)         # committed lengths when proposed
+        self.live = torch.zeros(0)
+
+    def insert_context(self, ctx: Context, first_end: Tensor, count: int) -> None:
+        """Inserts the committed n-grams ending at positions ``first_end[b] .. + count - 1``
+        (those that exist)."""
+        n = self.method.ngram
+        if count < 1:
+            return
+        ends = first_end[:, None] + torch.arange(count, device=first_end.device)
+        index = ends[:, :, None] + torch.arange(1 - n, 1, device=ends.device)
+        valid = (index[:, :, 0] >= 0) & (ends < ctx.lengths[:, None])
+        grams = torch.gather(ctx.tokens, 1, index.clamp(0, ctx.tokens.shape[1] - 1).flatten(1))
+        self.pool.insert(torch.where(valid[:, :, None], grams.view(index.shape), -1))
+
+    def _sizes(self, ctx: Context, copied: int) -> tuple[int, int]:
+        """(guesses, window columns) of this step, next to a copy of ``copied`` tokens."""
+        m = self.method
+        if not m.adaptive:
+            return m.guess_set, m.window
+        n1, cost = m.ngram - 1, ctx.costs.target
+        if self.steps % EXPLORE_EVERY == 0:
+            g = m.guess_set
+        else:
+            g = max(range(m.guess_set + 1), key=lambda i: (1 + self.hit[i]) / cost(1 + i * n1))
+        # The window may cost at most half of what the candidates add (the other half is kept).
+        gain = max(self.hit[g], self.copy.acceptance.expected(copied) - 1 if copied else 0.0, 0.1)
+        verified = 1 + copied + g * n1
+        budget = cost(verified) * (1 + 0.5 * gain)
+        w = 0
+        while w < m.window and cost(verified + sum(self.fill[: w + 1])) <= budget:
+            w += 1
+        return g, max(w, 1)
+
+    def propose(self, ctx: Context) -> Proposal:
+        m = self.method
+        self.steps += 1
+        root = ctx.roots()
+        copy = self.copy.propose(ctx, explore=self.steps % EXPLORE_EVERY == 0) if self.copy else None
+        g, w = self._sizes(ctx, 0 if copy is None else copy.shape[1])
+        self.guesses = self.pool.lookup(root[:, 0])[0][:, :g] if g else None
+        chains = [c for c in (copy, self.guesses) if c is not None]
+        tokens, parents = root, torch.full_like(root, -1)
+        if chains:
+            k = max(c.shape[-1] for c in chains)
+            chains = [F.pad(c if c.dim() == 3 else c[:, None], (0, k - c.shape[-1]), value=-1) for c in chains]
+            tokens, parents = merge_chains(root, torch.cat(chains, 1))
+        self.start, self.live, self.columns = ctx.lengths.clone(), ~ctx.finished, w
+        self.window_start = M = tokens.shape[1]
+
+        levels, columns, block, offsets = _window_layout(tuple(self.fill[:w]))
+        device, B, n = root.device, root.shape[0], len(levels)
+        window = self.levels[:, levels, columns]
+        T = M + n
+        mask = torch.zeros((B, T, T), dtype=torch.bool, device=device)
+        mask[:, :M, :M], depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
+        mask[:, M:, 0] = True
+        mask[:, M:, M:] = block.to(device)
+        base = (ctx.lengths - 1)[:, None]
+        positions = torch.cat([base + depth, base + offsets.to(device)], 1)
+        candidates = torch.zeros((B, T), dtype=torch.bool, device=device)
+        candidates[:, :M] = True
+        return Proposal(torch.cat([tokens, window], 1),
+                        torch.cat([parents, torch.zeros_like(window)], 1),
+                        attention_mask=mask, position_ids=positions, candidates=candidates)
+
+    def update(self, ctx: Context, step: StepResult) -> None:
+        m = self.method
+        self._advance_window(step.logits)
+        if m.pool_from_prompt:  # the n-grams ending at the tokens this step committed
+            self.insert_context(ctx, self.start, m.ngram)
+        if m.adaptive and self.guesses is not None:
+            self._observe_hits(ctx, step.accept_len)
+        if m.adaptive and self.copy is not None:
+            self.copy.observe(ctx, step.accept_len, self.live)
+
+    def _advance_window(self, logits: Tensor) -> None:
+        """The new level from each run column's top level; full columns give the pool an
+        n-gram and shift up."""
+        w, top = self.columns, self.method.ngram - 1
+        levels, columns, _, _ = _window_layout(tuple(self.fill[:w]))
+        node = {(l, j): self.window_start + i for i, (l, j) in enumerate(zip(levels, columns))}
+        new = logits[:, [node[self.fill[j] - 1, j] for j in range(w)]].argmax(-1)
+        full = [j for j in range(w) if self.fill[j] == top]
+        if full:
+            column = self.levels[:, :, full]
+            self.pool.insert(torch.cat([column, new[:, None, full]], 1).transpose(1, 2))
+            self.levels[:, :, full] = torch.cat([column[:, 1:], new[:, None, full]], 1)
+        for j in range(w):
+            if self.fill[j] < top:
+                self.levels[:, self.fill[j], j] = new[:, j]
+                self.fill[j] += 1
+
+    def _observe_hits(self, ctx: Context, accept_len: Tensor) -> None:
+        """How many tokens the best of the first g guesses would have had accepted, per g."""
+        guesses = self.guesses
+        g, n1 = guesses.shape[1], guesses.shape[2]
+        positions = (self.start[:, None] + torch.arange(n1, device=guesses.device)).clamp_max(ctx.tokens.shape[1] - 1)
+        committed = torch.gather(ctx.tokens, 1, positions)
+        within = torch.arange(n1, device=guesses.device) < accept_len[:, None]
+        matched = ((guesses == committed[:, None]) & within[:, None]).long().cumprod(2).sum(2)
+        best = matched.cummax(1).values[self.live].double()
+        if best.shape[0] == 0:
+            return
+        for i, mean in enumerate(best.mean(0).tolist(), start=1):  # one host read
+            self.hit[i] = 0.7 * self.hit[i] + 0.3 * mean
