@@ -19,8 +19,9 @@ def test_generate_needs_a_prompt():
 
 
 @pytest.mark.real_model
-def test_generate_with_prompt_lookup_reports_and_matches_the_target(capsys):
-    cli.main(["generate", "--model", "smollm2-135m", "--prompt-lookup", "--chat", "--max-new-tokens", "24",
+@pytest.mark.parametrize("method", [["--prompt-lookup"], ["--lookahead", "--window", "3", "--ngram", "3"]])
+def test_generate_reports_and_matches_the_target(method, capsys):
+    cli.main(["generate", "--model", "smollm2-135m", *method, "--chat", "--max-new-tokens", "24",
               "--prompt", "Repeat this line twice: the quick brown fox jumps over the lazy dog"])
     out = capsys.readouterr().out
     assert "speed-up:" in out and "acceptance rate:" in out and "mean accepted length" in out
@@ -35,8 +36,8 @@ def test_bench_writes_a_table_json_and_plot(tmp_path):
               "--max-new-tokens", "6", "--draft-head-tokens", "20000", "--out", str(tmp_path)])
     stem = "bench_smollm2-135m_float32"
     record = json.loads((tmp_path / f"{stem}.json").read_text())
-    methods = {"plain", "hf_prompt_lookup", "hf_assisted", "specdec_prompt_lookup", "specdec_draft",
-               "specdec_draft_head20000"}
+    methods = {"plain", "hf_prompt_lookup", "hf_assisted", "specdec_prompt_lookup", "specdec_lookahead",
+               "specdec_draft", "specdec_draft_head20000"}
     assert {r["method"] for r in record["runs"]} == methods
     assert len(record["runs"]) == 2 * len(methods)  # one prompt of each set
     assert all(r["new_tokens"] == 6 and r["identical_to_plain"] for r in record["runs"])

@@ -112,6 +112,7 @@ METHODS = {
     "draft rejection sampling, reduced head": lambda draft: specdec.DraftModel(draft, 3, coupled=False,
                                                                                head_tokens=8),
     "prompt lookup tree": lambda draft: specdec.PromptLookup(adaptive=False, num_draft_tokens=3, side_tokens=2),
+    "lookahead": lambda draft: specdec.Lookahead(window=3, ngram=3, guess_set=3, copy_tokens=3, adaptive=False),
 }
 
 
@@ -121,13 +122,14 @@ def test_sampling_follows_the_target_distribution(name):
     # second's given the most frequent first tokens must match the target's own, as
     # transformers' warpers define it (TV < 3 / sqrt(n)). Drafts agree partly; with a reduced
     # draft head (ids 0-7 and the prompt's) the target still draws tokens the draft never can;
-    # the prompt repeats, so prompt lookup proposes a tree.
+    # the prompt repeats and holds the likeliest first tokens, so prompt lookup proposes a tree
+    # and lookahead's pool has n-grams after them.
     vocab, N = 16, 4000
     target = tiny_lm("llama", seed=4, vocab=vocab, init=0.6)
     draft = perturbed(target, 0.5, seed=9)
     settings = dict(temperature=0.8, top_k=10, top_p=0.95)
     warp = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(10), TopPLogitsWarper(0.95)])
-    prompt = torch.tensor([[0, 5, 7, 3, 5, 7]])
+    prompt = torch.tensor([[0, 5, 7, 4, 8, 15, 3, 5, 7]])
     P = prompt.shape[1]
     gen = torch.Generator().manual_seed(0)
     out = specdec.generate(target, prompt.expand(N, P), max_new_tokens=2, do_sample=True, **settings,

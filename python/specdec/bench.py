@@ -209,7 +209,7 @@ def main(args: argparse.Namespace) -> None:
     # whichever method ran first.
     hf = {"hf_prompt_lookup": dict(prompt_lookup_num_tokens=10)}
     # Our methods: name -> (method, extra generate arguments).
-    ours = {"specdec_prompt_lookup": (specdec.PromptLookup(), {})}
+    ours = {"specdec_prompt_lookup": (specdec.PromptLookup(), {}), "specdec_lookahead": (specdec.Lookahead(), {})}
     if args.medusa:
         heads = medusa_heads(args, target, tok)
         ours["specdec_medusa"] = (specdec.Medusa(heads), {})

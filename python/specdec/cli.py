@@ -84,6 +84,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
         method = specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens, **cap)
     elif args.prompt_lookup:
         method = specdec.PromptLookup(**cap)
+    elif args.lookahead:
+        method = specdec.Lookahead(window=args.window, ngram=args.ngram, guess_set=args.guess_set,
+                                   **({} if args.num_draft_tokens is None else {"copy_tokens": args.num_draft_tokens}))
     elif args.medusa:
         method = specdec.Medusa(medusa_heads(args, target, tokenizer), tree=args.medusa_tree,
                                 **({} if args.num_draft_tokens is None else {"max_nodes": args.num_draft_tokens}))
@@ -136,6 +139,8 @@ def _describe(args: argparse.Namespace) -> str:
         return f"draft model {args.draft}"
     if args.medusa:
         return f"Medusa heads {args.medusa}"
+    if args.lookahead:
+        return f"lookahead W={args.window} N={args.ngram} G={args.guess_set}"
     return "prompt lookup" if args.prompt_lookup else "no proposer"
 
 
@@ -175,10 +180,19 @@ def main(argv: list[str] | None = None) -> None:
     proposer = g.add_mutually_exclusive_group()
     proposer.add_argument("--draft", help="draft model (same tokenizer as the target)")
     proposer.add_argument("--prompt-lookup", action="store_true", help="prompt lookup decoding")
+    proposer.add_argument("--lookahead", action="store_true",
+                          help="lookahead decoding (Jacobi window and n-gram pool; no draft, no training)")
     proposer.add_argument("--medusa", metavar="DIR", nargs="?", const=CACHED,
                           help="Medusa heads (specdec train-medusa, or a FasterDecoding/Medusa "
                                "checkpoint); without DIR, the heads cached for --model, trained on "
                                "first use")
+    from specdec.decoders.lookahead import Lookahead  # its defaults are the options'
+
+    lookahead = Lookahead()
+    g.add_argument("--window", type=int, default=lookahead.window, help="--lookahead: window columns W")
+    g.add_argument("--ngram", type=int, default=lookahead.ngram, help="--lookahead: n-gram length N")
+    g.add_argument("--guess-set", type=int, default=lookahead.guess_set,
+                   help="--lookahead: most n-grams verified per step G")
     g.add_argument("--medusa-tree", choices=("auto", "dynamic"), default="auto",
                    help="Medusa's tree: sized from the heads' accuracies and pass costs, or dynamic")
     g.add_argument("--prompt")

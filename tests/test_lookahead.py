@@ -1,0 +1,205 @@
+"""Lookahead decoding: every node of the combined pass (window and verification branch) computes
+what a plain forward over the tokens it sees computes; the window and pool follow a plain-Python
+reference; greedy identity (ragged batches, EOS, tiny Llama/Qwen2 and SmolLM2); adaptive sizes;
+bad arguments. The sampling distribution test is in test_decoders.py (METHODS)."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
+from test_verify_loop import visible_forward
+from tiny_models import tiny_lm
+
+import specdec
+from specdec.decoders import Context, Proposal, StepResult
+
+
+@dataclass
+class Recorder:
+    """A Lookahead whose steps are recorded: the committed tokens of every row when the step was
+    proposed, the proposal, and the logits of the pass."""
+
+    inner: specdec.Lookahead
+    steps: list = field(default_factory=list)
+    models = ()
+    needs_hidden_states = False
+
+    @property
+    def max_pass_tokens(self):
+        return self.inner.max_pass_tokens
+
+    def start(self, target, ctx, prompt, prompt_len, max_length, first):
+        self.proposer = self.inner.start(target, ctx, prompt, prompt_len, max_length, first)
+        self.initial_levels = self.proposer.levels.clone()
+        self.prompt_ctx = [ctx.tokens[b, : int(n)].tolist() for b, n in enumerate(ctx.lengths)]
+        return self
+
+    def propose(self, ctx: Context) -> Proposal:
+        committed = [ctx.tokens[b, : int(n)].tolist() for b, n in enumerate(ctx.lengths)]
+        self.steps.append([committed, self.proposer.propose(ctx), None])
+        return self.steps[-1][1]
+
+    def update(self, ctx: Context, step: StepResult) -> None:
+        self.steps[-1][2] = step.logits.clone()
+        self.steps[-1].append([ctx.tokens[b, : int(n)].tolist() for b, n in enumerate(ctx.lengths)])
+        self.proposer.update(ctx, step)
+
+
+def run(model, prompts, method, max_new=20, eos=None):
+    recorder = Recorder(method)
+    out = assert_greedy_identity(model, prompts, recorder, max_new=max_new, eos=eos)
+    return recorder, out
+
+
+def assert_nodes_compute_what_they_see(model, recorder, steps, rtol=1e-4, atol=5e-5):
+    """Every real node of the first ``steps`` passes against a plain forward over the committed
+    tokens and the nodes its attention mask shows, at the positions the proposal gives."""
+    kinds = set()
+    for committed, proposal, logits, _ in recorder.steps[:steps]:
+        for b, row in enumerate(committed):
+            nodes = proposal.tokens[b].tolist()
+            for i, token in enumerate(nodes):
+                if token < 0:
+                    continue
+                sees = proposal.attention_mask[b, i].tolist()
+                want = visible_forward(model, row[:-1], nodes, proposal.position_ids[b].tolist(), sees)
+                # Summation orders differ (fp32, ~1e-5); a wrong mask or position moves logits by O(1).
+                torch.testing.assert_close(logits[b, i], want, rtol=rtol, atol=atol)
+                kinds.add("candidate" if proposal.candidates[b, i] and i else "window" if i else "root")
+    return kinds
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_every_node_computes_a_plain_forward_over_what_it_sees(family):
+    target = tiny_lm(family, seed=21)
+    recorder, _ = run(target, PROMPTS[:2], specdec.Lookahead(window=3, ngram=3, guess_set=3, adaptive=False))
+    # Window levels grow over the first steps; candidates appear once the pool has n-grams.
+    assert assert_nodes_compute_what_they_see(target, recorder, 12) == {"root", "window", "candidate"}
+    window_nodes = [int((~p.candidates[0]).sum()) for _, p, _, _ in recorder.steps]
+    assert window_nodes[:3] == [3, 6, 6]  # level 0, then 2 levels (N - 1) of 3 columns
+
+
+def python_pool_reference(recorder, model, method):
+    """The window and the pool replayed in plain Python: each column's new level from a plain
+    forward over exactly what the column's top level sees, n-grams kept per key as the g most
+    recently inserted distinct continuations."""
+    N, W, g = method.ngram, method.window, method.guess_set
+    rows = len(recorder.prompt_ctx)
+    pools = [dict() for _ in range(rows)]
+
+    def insert(b, gram):
+        if min(gram) < 0:
+            return
+        keep = pools[b].setdefault(gram[0], [])
+        if gram[1:] in keep:
+            keep.remove(gram[1:])
+        keep.append(gram[1:])
+        del keep[:-g]
+
+    levels = [[[int(t) for t in recorder.initial_levels[b, 0]]] for b in range(rows)]
+    for b, ctx in enumerate(recorder.prompt_ctx):
+        for end in range(N - 1, len(ctx)):
+            insert(b, tuple(ctx[end - N + 1: end + 1]))
+    for committed, _, _, after in recorder.steps:
+        for b in range(rows):
+            row, lv = committed[b], levels[b]
+            new = []
+            for j in range(W):
+                seen = row + [lv[0][i] for i in range(j + 1)] + [lv[level][j] for level in range(1, len(lv))]
+                with torch.no_grad():
+                    new.append(int(model(torch.tensor([seen])).logits[0, -1].argmax()))
+            if len(lv) == N - 1:
+                for j in range(W):
+                    insert(b, tuple(lv[level][j] for level in range(N - 1)) + (new[j],))
+                levels[b] = lv[1:] + [new]
+            else:
+                lv.append(new)
+            for end in range(len(row), len(after[b])):
+                insert(b, tuple(after[b][end - N + 1: end + 1]))
+    return levels, pools
+
+
+def test_window_and_pool_follow_a_plain_python_reference():
+    target = tiny_lm("llama", seed=22)
+    method = specdec.Lookahead(window=3, ngram=3, guess_set=2, adaptive=False)
+    recorder, out = run(target, PROMPTS[1:3], method, max_new=16)
+    assert len(recorder.steps) > 4  # the window filled and then gave n-grams for several steps
+    levels, pools = python_pool_reference(recorder, target, method)
+    assert recorder.proposer.levels.tolist() == levels
+    assert any(len(keys) > 0 for keys in pools)
+    for key in range(96):
+        cand, count = recorder.proposer.pool.lookup(torch.tensor([key, key]))
+        for b, pool in enumerate(pools):
+            want = [list(c) for c in reversed(pool.get(key, []))]  # most recent first
+            assert cand[b, : int(count[b])].tolist() == want, (b, key)
+
+
+CONFIGS = {
+    "default": specdec.Lookahead(),
+    "reference candidates": specdec.Lookahead(pool_from_prompt=False, copy_tokens=0, adaptive=False),
+    "small": specdec.Lookahead(window=2, ngram=2, guess_set=1, copy_tokens=4, adaptive=False),
+    "no guesses": specdec.Lookahead(window=4, ngram=5, guess_set=0, adaptive=False),
+}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_greedy_identity_ragged_batch(family, config, device):
+    target = tiny_lm(family, seed=23).to(device)
+    out = assert_greedy_identity(target, PROMPTS, CONFIGS[config], max_new=32)
+    if config != "no guesses":
+        assert out.stats.total_accepted > 0
+
+
+def test_greedy_identity_rows_stop_at_eos():
+    target = tiny_lm("qwen2", seed=24)
+    eos = hf_greedy(target, PROMPTS[0], 20)[6]
+    assert_greedy_identity(target, PROMPTS, specdec.Lookahead(window=3, ngram=4), eos=eos)
+
+
+def test_adaptive_sizes_follow_the_pass_costs_and_the_hits():
+    target = tiny_lm("llama", seed=25)
+    recorder = Recorder(specdec.Lookahead(window=6, ngram=3, guess_set=2, copy_tokens=0))
+    assert_greedy_identity(target, PROMPTS[:1], recorder, max_new=4)
+    proposer = recorder.proposer
+    proposer.fill, proposer.steps, proposer.hit = [2] * 6, 1, [0.0, 1.0, 1.2]
+
+    def sizes(ms):
+        ctx = Context(torch.zeros(1, 8, dtype=torch.long), torch.tensor([8]), torch.tensor([False]),
+                      None, None, specdec.cost_model.CostModel(ms))
+        return proposer._sizes(ctx, 0)
+
+    # Flat costs (a GPU): every guess and the whole window.
+    assert sizes({1: 10.0, 64: 10.0}) == (2, 6)
+    # Every token costs a one-token pass: no guesses, one window column (it must keep running).
+    assert sizes({k: 10.0 * k for k in (1, 2, 4, 8, 16, 32, 64)}) == (0, 1)
+    # Flat to 8 tokens, then rising: the window may cost half of the 1.2 tokens the guesses add,
+    # 10 ms * 1.6 = 16 ms: 3 columns (11 tokens, 13.75 ms), not 4 (13 tokens, 16.25 ms).
+    assert sizes({1: 10.0, 8: 10.0, 16: 20.0}) == (2, 3)
+
+
+def test_bad_arguments():
+    for kwargs, match in [(dict(window=0), "window"), (dict(ngram=1), "ngram"),
+                          (dict(guess_set=-1), "guess_set"), (dict(copy_tokens=-1), "copy_tokens")]:
+        with pytest.raises(ValueError, match=match):
+            specdec.Lookahead(**kwargs)
+
+
+@pytest.mark.real_model
+def test_smollm2_nodes_and_greedy_identity():
+    from specdec import models
+
+    model, tok = models.load("smollm2-135m", dtype=torch.float32)
+    text = "Write a Python function that checks whether a number is prime."
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                  return_tensors="pt")
+    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    recorder = Recorder(specdec.Lookahead(window=4, ngram=4, guess_set=3, adaptive=False))
+    out = specdec.generate(model, ids, max_new_tokens=32, method=recorder)
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32,
+                          temperature=None, top_k=None, top_p=None)[0, ids.shape[1]:]
+    assert torch.equal(out.sequences[0, ids.shape[1]: ids.shape[1] + len(want)], want)
+    assert out.stats.new_tokens > out.stats.target_forwards  # more than one token per pass
+    kinds = assert_nodes_compute_what_they_see(model, recorder, 3, rtol=1e-4, atol=2e-4)
+    assert kinds == {"root", "window", "candidate"}
