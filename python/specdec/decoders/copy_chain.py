@@ -49,13 +49,26 @@ class CopyChain:
         ``[accepted, accepted of this chain alone, the chain's length]``."""
         if self.chain is None:
             return []
-        k = self.chain.shape[1]
-        columns = torch.arange(k, device=self.chain.device)
-        committed = torch.gather(ctx.tokens, 1, (self.start[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1))
-        chain_accepted = ((self.chain == committed) & (columns < accept_len[:, None])).long().cumprod(1).sum(1)
         chain_len = (self.chain >= 0).sum(1)
-        rows = torch.stack([accept_len, chain_accepted, chain_len], 1)[live].tolist()
+        rows = torch.stack([accept_len, self.accepted(ctx, accept_len), chain_len], 1)[live].tolist()
         if self.adaptive:
             chains = [(a, n) for _, a, n in rows if n > 0]
             self.acceptance.observe([a for a, _ in chains], [n for _, n in chains])
         return rows
+
+    def accepted(self, ctx: Context, accept_len: Tensor) -> Tensor:
+        """``[B]`` how many of this step's chain the committed text took (0 without a chain)."""
+        if self.chain is None:
+            return torch.zeros_like(accept_len)
+        return matched(self.chain[:, None], ctx, self.start, accept_len)[:, 0]
+
+
+def matched(chains: Tensor, ctx: Context, start: Tensor, accept_len: Tensor) -> Tensor:
+    """``[B, M]``: how many leading tokens of each chain ``chains [B, M, k]`` (proposed after
+    the root when the rows had ``start`` committed tokens) the step accepted (at most
+    ``accept_len``)."""
+    k = chains.shape[2]
+    columns = torch.arange(k, device=chains.device)
+    committed = torch.gather(ctx.tokens, 1, (start[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1))
+    within = columns < accept_len[:, None]
+    return ((chains == committed[:, None]) & within[:, None]).long().cumprod(2).sum(2)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdec import ops
-from specdec.decoders.copy_chain import CopyChain
+from specdec.decoders.copy_chain import CopyChain, matched
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.ngram_pool import NGramPool
 from specdec.trees import merge_chains
@@ -139,7 +139,7 @@ class _LookaheadProposer:
         self.copy = CopyChain(1, 3, method.copy_tokens, method.adaptive) if method.copy_tokens else None
         self.fill = [1] * method.window  # filled levels per column (the same for every row)
         g = method.guess_set
-        # Expected accepted tokens when verifying the first g guesses (a prior until measured).
+        # Expected tokens the first g guesses add to the copy's (a prior until measured).
         self.hit = [min(1.0, 0.2 * i) for i in range(g + 1)]
         self.steps = 0
         self.guesses: Tensor | None = None  # [B, g, N - 1] verified this step
@@ -166,14 +166,15 @@ class _LookaheadProposer:
         if not m.adaptive:
             return m.guess_set, m.window
         n1, cost = m.ngram - 1, ctx.costs.target
+        base = self.copy.acceptance.expected(copied) if copied else 1.0  # tokens without guesses
         if self.steps % EXPLORE_EVERY == 0:
             g = m.guess_set
         else:
-            g = max(range(m.guess_set + 1), key=lambda i: (1 + self.hit[i]) / cost(1 + i * n1))
-        # The window may cost at most half of what the candidates add (the other half is kept).
-        gain = max(self.hit[g], self.copy.acceptance.expected(copied) - 1 if copied else 0.0, 0.1)
+            g = max(range(m.guess_set + 1), key=lambda i: (base + self.hit[i]) / cost(1 + copied + i * n1))
+        # The window pays through the pool: it may cost at most half of what the pool's guesses
+        # add (the other half is kept); the copy's tokens do not come from the window.
         verified = 1 + copied + g * n1
-        budget = cost(verified) * (1 + 0.5 * gain)
+        budget = cost(verified) * (1 + 0.5 * max(self.hit[g], 0.1))
         w = 0
         while w < m.window and cost(verified + sum(self.fill[: w + 1])) <= budget:
             w += 1
@@ -239,15 +240,11 @@ class _LookaheadProposer:
                 self.fill[j] += 1
 
     def _observe_hits(self, ctx: Context, accept_len: Tensor) -> None:
-        """How many tokens the best of the first g guesses would have had accepted, per g."""
-        guesses = self.guesses
-        g, n1 = guesses.shape[1], guesses.shape[2]
-        positions = (self.start[:, None] + torch.arange(n1, device=guesses.device)).clamp_max(ctx.tokens.shape[1] - 1)
-        committed = torch.gather(ctx.tokens, 1, positions)
-        within = torch.arange(n1, device=guesses.device) < accept_len[:, None]
-        matched = ((guesses == committed[:, None]) & within[:, None]).long().cumprod(2).sum(2)
-        best = matched.cummax(1).values[self.live].double()
-        if best.shape[0] == 0:
+        """How many tokens the best of the first g guesses would have added to the copy's, per g."""
+        best = matched(self.guesses, ctx, self.start, accept_len).cummax(1).values
+        copied = self.copy.accepted(ctx, accept_len)[:, None] if self.copy else torch.zeros_like(best[:, :1])
+        gain = (best - copied).clamp_min(0)[self.live].double()
+        if gain.shape[0] == 0:
             return
-        for i, mean in enumerate(best.mean(0).tolist(), start=1):  # one host read
+        for i, mean in enumerate(gain.mean(0).tolist(), start=1):  # one host read
             self.hit[i] = 0.7 * self.hit[i] + 0.3 * mean
