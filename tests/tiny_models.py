@@ -16,11 +16,12 @@ def tiny_lm(family: str = "llama", seed: int = 0, vocab: int = 96, layers: int =
     """A small model whose logits are peaked enough (``init``) that greedy decoding has clear
     winners and falls into repetitive text, as real models do."""
     config_cls, model_cls = CONFIGS[family]
-    config = config_cls(
+    settings = dict(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
         initializer_range=init, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
-        pad_token_id=2, **overrides)
+        pad_token_id=2)
+    config = config_cls(**{**settings, **overrides})
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = model_cls(config)

@@ -22,17 +22,27 @@ bool cpu_has_avx2() {
 #endif
 }
 
+// Whether mask[b, i, j] == (j <= i) everywhere ([B, T, T] bool, contiguous).
+bool is_causal(const at::Tensor& mask) {
+  const int64_t B = mask.size(0), T = mask.size(1);
+  const bool* m = mask.const_data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j)
+        if (m[(b * T + i) * T + j] != (j <= i)) return false;
+  return true;
+}
+
 void tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                     const at::Tensor& prefix_len, const std::optional<at::Tensor>& tree_mask,
                     std::optional<double> scale, const at::Tensor& out) {
   const auto d = check_tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, out);
   const at::Tensor qc = q.contiguous(), plen = prefix_len.to(at::kLong).contiguous();
-  const at::Tensor mask = tree_mask ? tree_mask->contiguous() : at::Tensor();
+  // A mask that is causal in every row is a chain: run as one (its queries' keys are already
+  // in path order, no gathering).
+  at::Tensor mask = tree_mask ? tree_mask->contiguous() : at::Tensor();
+  if (mask.defined() && is_causal(mask)) mask = at::Tensor();
   const float sc = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d.D)));
-  if (d.T >= kGemmMinTokens) {
-    tree_attention_gemm(qc, k_cache, v_cache, plen, mask, sc, out);
-    return;
-  }
   AttentionArgs a{};
   a.q = qc.const_data_ptr();
   a.k = k_cache.const_data_ptr();

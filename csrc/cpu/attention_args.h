@@ -30,13 +30,4 @@ namespace avx2 {
 void tree_attention(const AttentionArgs& a);
 }
 
-// From this many tree tokens on, the launcher takes the SDPA path (cpu/attention_gemm.cpp):
-// measured against the streaming kernel at Qwen2.5-1.5B head shapes (docs/benchmarks.md).
-constexpr int64_t kGemmMinTokens = 4;
-
-// prefix_len: int64, contiguous; mask: [B, T, T] bool or undefined (causal).
-void tree_attention_gemm(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                         const at::Tensor& prefix_len, const at::Tensor& mask, float scale,
-                         const at::Tensor& out);
-
 }  // namespace specdec::cpu

@@ -7,6 +7,12 @@
 // K/V entry is read once for the whole GQA group, and runs a blocked flash-attention loop over
 // the keys: scores = Q K^T and acc += P V as register-tiled matrix products, with the online
 // softmax of core/attention.h in between. Everything accumulates in float32.
+//
+// Row invariance (what makes speculative decoding exact in any dtype): a query's output has
+// the same bits whatever the number of queries sharing the pass. Each row's products run in
+// the same order for any row count (one Q K^T path, K transposed), keys are blocked by their
+// index in the query's own key sequence, and a tree node's keys are gathered in that order
+// (prefix, then its ancestors by depth), as a one-token pass on its path would read them.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -34,7 +40,6 @@ constexpr int64_t kNR = 16;          // columns of a register tile (two v8)
 constexpr int64_t kMR = 6;           // rows of a register tile
 constexpr int64_t kKeyBlock = 128;   // keys per block
 constexpr int64_t kMaxRows = 512;    // query rows per task
-constexpr int64_t kSmallRows = 24;   // up to this many rows, Q K^T without transposing K
 
 inline v8 load8(const float* p) {
   v8 x;
@@ -93,78 +98,50 @@ inline float hsum(v8 x) {
   return t;
 }
 
-// C[MR, NR] = A[MR, K] B[NR, K]^T: dot products of rows, K a multiple of 8 or not.
-template <int MR, int NR>
-inline void tile_nt(const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
-                    int64_t ldc, int64_t K) {
-  v8 c[MR][NR] = {};
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    v8 b[NR];
-    for (int n = 0; n < NR; ++n) b[n] = load8(B + n * ldb + k);
-    for (int r = 0; r < MR; ++r) {
-      const v8 x = load8(A + r * lda + k);
-      for (int n = 0; n < NR; ++n) c[r][n] += x * b[n];
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int n = 0; n < NR; ++n) {
-      float t = hsum(c[r][n]);
-      for (int64_t j = k; j < K; ++j) t += A[r * lda + j] * B[n * ldb + j];
-      C[r * ldc + n] = t;
-    }
-}
-
-// One tile of NR columns and `rows` (1..4) rows: the row count picked at run time.
-template <int NR>
-inline void tile_rows_nt(int64_t rows, const float* A, int64_t lda, const float* B, int64_t ldb,
-                         float* C, int64_t ldc, int64_t K) {
-  switch (rows) {
-    case 4: tile_nt<4, NR>(A, lda, B, ldb, C, ldc, K); break;
-    case 3: tile_nt<3, NR>(A, lda, B, ldb, C, ldc, K); break;
-    case 2: tile_nt<2, NR>(A, lda, B, ldb, C, ldc, K); break;
-    default: tile_nt<1, NR>(A, lda, B, ldb, C, ldc, K); break;
-  }
-}
-
-// C[M, N] = A[M, K] B[N, K]^T.
-void matmul_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-               int64_t ldb, float* C, int64_t ldc) {
-  for (int64_t m = 0; m < M; m += 4) {
-    const int64_t rows = std::min<int64_t>(M - m, 4);
-    const float* a = A + m * lda;
-    int64_t n = 0;
-    for (; n + 2 <= N; n += 2) tile_rows_nt<2>(rows, a, lda, B + n * ldb, ldb, C + m * ldc + n, ldc, K);
-    if (n < N) tile_rows_nt<1>(rows, a, lda, B + n * ldb, ldb, C + m * ldc + n, ldc, K);
-  }
-}
-
 // Scratch of one task, reused across the tasks a thread runs.
 struct Scratch {
   std::vector<float> q, scores, acc, kt, v;
   std::vector<core::SoftmaxState> state;
 };
 
+// The keys a task reads, as a range [begin, end) of each query's key sequence. By default the
+// sequence is the prefix then the T tree slots (masked per query; end -1: as far as the task's
+// queries need). With `path`, it is the prefix then the tree slots path[0..n_path), all visible:
+// one query's keys in the order of a one-token pass on its path.
+struct Keys {
+  const int64_t* path = nullptr;
+  int64_t n_path = 0;
+  int64_t begin = 0, end = -1;
+};
+
+// Queries [i0, i1) of row b against the KV head kvh. `resume`: continue the softmax states and
+// accumulators left in w (same queries); `finish`: normalise and write the output.
 template <class scalar_t>
 void run_task(const AttentionArgs& a, int64_t b, int64_t kvh, int64_t i0, int64_t i1,
-              Scratch& w) {
+              Scratch& w, const Keys& keys = {}, bool resume = false, bool finish = true) {
   const int64_t G = a.H / a.Hkv, D = a.D, T = a.T;
   const int64_t Dp = round_up(D, kNR), M = (i1 - i0) * G;
   const int64_t P = a.prefix_len[b];
   const bool causal = a.mask == nullptr;
-  const int64_t n_keys = core::keys_needed(causal, i1, P, T);
+  const int64_t n_keys = keys.end >= 0 ? keys.end
+                         : keys.path ? P + keys.n_path
+                                     : core::keys_needed(causal, i1, P, T);
+  // Cache slot of the j-th key of the sequence.
+  auto slot = [&](int64_t j) { return keys.path && j >= P ? P + keys.path[j - P] : j; };
   const auto* q = static_cast<const scalar_t*>(a.q);
   const auto* kc = static_cast<const scalar_t*>(a.k) + b * a.k_sb + kvh * a.k_sh;
   const auto* vc = static_cast<const scalar_t*>(a.v) + b * a.v_sb + kvh * a.v_sh;
   // fp32 values whose rows are a whole number of register tiles are read in place.
-  const bool v_in_place = std::is_same_v<scalar_t, float> && D == Dp;
+  const bool v_in_place = std::is_same_v<scalar_t, float> && D == Dp && !keys.path;
 
   w.q.resize(M * D);
   w.scores.resize(M * kKeyBlock);
-  w.acc.assign(M * Dp, 0.f);
-  w.kt.resize(D * kKeyBlock);  // K^T, or K rows converted to fp32
+  w.kt.resize(D * kKeyBlock);  // K^T of a block
   w.v.resize(v_in_place ? 0 : kKeyBlock * Dp);
-  w.state.assign(M, core::SoftmaxState{});
+  if (!resume) {
+    w.acc.assign(M * Dp, 0.f);
+    w.state.assign(M, core::SoftmaxState{});
+  }
   // Row r is query position i0 + r / G of head kvh * G + r % G, pre-scaled.
   for (int64_t r = 0; r < M; ++r) {
     const int64_t i = i0 + r / G, h = kvh * G + r % G;
@@ -172,41 +149,24 @@ void run_task(const AttentionArgs& a, int64_t b, int64_t kvh, int64_t i0, int64_
     for (int64_t d = 0; d < D; ++d) w.q[r * D + d] = static_cast<float>(src[d]) * a.scale;
   }
 
-  for (int64_t k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+  for (int64_t k0 = keys.begin; k0 < n_keys; k0 += kKeyBlock) {
     const int64_t kb = std::min(kKeyBlock, n_keys - k0), kbp = round_up(kb, kNR);
     float* s = w.scores.data();
-    if (M <= kSmallRows) {
-      // Few rows: dot products against the key rows as they are (fp32) or converted.
-      const float* k = nullptr;
-      int64_t ldk = D;
-      if constexpr (std::is_same_v<scalar_t, float>) {
-        k = kc + k0 * a.k_ss;
-        ldk = a.k_ss;
-      } else {
-        float* kp = w.kt.data();
-        for (int64_t c = 0; c < kb; ++c) {
-          const scalar_t* krow = kc + (k0 + c) * a.k_ss;
-          for (int64_t d = 0; d < D; ++d) kp[c * D + d] = static_cast<float>(krow[d]);
-        }
-        k = kp;
-      }
-      matmul_nt(M, kb, D, w.q.data(), D, k, ldk, s, kbp);
-    } else {
-      // Many rows: K^T of the block (zero-padded to kbp columns) for the register-tiled
-      // product, transposed 8 keys at a time so that writes stay contiguous.
-      float* kt = w.kt.data();
-      for (int64_t c0 = 0; c0 < kbp; c0 += 8) {
-        const scalar_t* krow[8];
-        for (int j = 0; j < 8; ++j) krow[j] = c0 + j < kb ? kc + (k0 + c0 + j) * a.k_ss : nullptr;
-        for (int64_t d = 0; d < D; ++d)
-          for (int j = 0; j < 8; ++j)
-            kt[d * kbp + c0 + j] = krow[j] ? static_cast<float>(krow[j][d]) : 0.f;
-      }
-      matmul(M, kbp, D, w.q.data(), D, kt, kbp, s, kbp, false);
+    // K^T of the block (zero-padded to kbp columns) for the register-tiled product, transposed
+    // 8 keys at a time so that writes stay contiguous.
+    float* kt = w.kt.data();
+    for (int64_t c0 = 0; c0 < kbp; c0 += 8) {
+      const scalar_t* krow[8];
+      for (int j = 0; j < 8; ++j) krow[j] = c0 + j < kb ? kc + slot(k0 + c0 + j) * a.k_ss : nullptr;
+      for (int64_t d = 0; d < D; ++d)
+        for (int j = 0; j < 8; ++j)
+          kt[d * kbp + c0 + j] = krow[j] ? static_cast<float>(krow[j][d]) : 0.f;
     }
+    matmul(M, kbp, D, w.q.data(), D, kt, kbp, s, kbp, false);
 
-    // Tree keys of the block are masked per query; padding columns never count.
-    const int64_t c_tree = std::max<int64_t>(P - k0, 0);
+    // Tree keys of the block are masked per query (a path's keys are all visible); padding
+    // columns never count.
+    const int64_t c_tree = keys.path ? kb : std::max<int64_t>(P - k0, 0);
     for (int64_t r = 0; r < M; ++r) {
       const int64_t i = i0 + r / G;
       const bool* mask_row = causal ? nullptr : a.mask + (b * T + i) * T;
@@ -242,7 +202,7 @@ void run_task(const AttentionArgs& a, int64_t b, int64_t kvh, int64_t i0, int64_
     } else {
       float* vp = w.v.data();
       for (int64_t c = 0; c < kb; ++c) {
-        const scalar_t* vrow = vc + (k0 + c) * a.v_ss;
+        const scalar_t* vrow = vc + slot(k0 + c) * a.v_ss;
         for (int64_t d = 0; d < D; ++d) vp[c * Dp + d] = static_cast<float>(vrow[d]);
         for (int64_t d = D; d < Dp; ++d) vp[c * Dp + d] = 0.f;
       }
@@ -251,6 +211,7 @@ void run_task(const AttentionArgs& a, int64_t b, int64_t kvh, int64_t i0, int64_
     matmul(M, Dp, kb, s, kbp, v, ldv, w.acc.data(), Dp, true);
   }
 
+  if (!finish) return;
   auto* out = static_cast<scalar_t*>(a.out);
   for (int64_t r = 0; r < M; ++r) {
     const int64_t i = i0 + r / G, h = kvh * G + r % G;
@@ -258,6 +219,27 @@ void run_task(const AttentionArgs& a, int64_t b, int64_t kvh, int64_t i0, int64_
     const float* acc = w.acc.data() + r * Dp;
     scalar_t* dst = out + ((b * a.H + h) * T + i) * D;
     for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(acc[d] * inv);
+  }
+}
+
+// A tree (explicit mask) block of positions [i0, i1): the prefix's whole key blocks stacked
+// for all of them (every query sees the prefix), then per position the rest of the prefix and
+// the tree keys it sees, gathered in slot order (a parent precedes its children).
+template <class scalar_t>
+void run_tree_block(const AttentionArgs& a, int64_t b, int64_t kvh, int64_t i0, int64_t i1,
+                    Scratch& w, Scratch& one, std::vector<int64_t>& path) {
+  const int64_t G = a.H / a.Hkv, Dp = round_up(a.D, kNR), P = a.prefix_len[b];
+  const int64_t whole = P / kKeyBlock * kKeyBlock;
+  run_task<scalar_t>(a, b, kvh, i0, i1, w, Keys{nullptr, 0, 0, whole}, false, false);
+  for (int64_t i = i0; i < i1; ++i) {
+    const bool* row = a.mask + (b * a.T + i) * a.T;
+    int64_t n = 0;
+    for (int64_t t = 0; t < a.T; ++t)
+      if (row[t]) path[n++] = t;
+    const int64_t r = (i - i0) * G;
+    one.acc.assign(w.acc.begin() + r * Dp, w.acc.begin() + (r + G) * Dp);
+    one.state.assign(w.state.begin() + r, w.state.begin() + r + G);
+    run_task<scalar_t>(a, b, kvh, i, i + 1, one, Keys{path.data(), n, whole, P + n}, true, true);
   }
 }
 
@@ -270,11 +252,16 @@ void run(const AttentionArgs& a) {
   const int64_t per_block = (a.T + n_blocks - 1) / n_blocks;
   const int64_t tasks = a.B * a.Hkv * n_blocks;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    Scratch w;
+    Scratch w, one;
+    std::vector<int64_t> path(a.mask ? a.T : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t blk = task % n_blocks, bh = task / n_blocks;
       const int64_t i0 = blk * per_block, i1 = std::min(a.T, i0 + per_block);
-      if (i0 < i1) run_task<scalar_t>(a, bh / a.Hkv, bh % a.Hkv, i0, i1, w);
+      if (i0 >= i1) continue;
+      if (a.mask)
+        run_tree_block<scalar_t>(a, bh / a.Hkv, bh % a.Hkv, i0, i1, w, one, path);
+      else
+        run_task<scalar_t>(a, bh / a.Hkv, bh % a.Hkv, i0, i1, w);
     }
   });
 }

@@ -45,15 +45,22 @@ class VerificationConfig:
     this CPU); both gained at every k measured, bfloat16 a little less than float32.
     ``pack_shared`` packs weights that another module also uses (a tied output head), at the cost
     of a packed copy beside the plain tensor.
-    ``keep_plain_for_one_row`` keeps the plain weight too and sends one-row inputs (one token,
-    batch 1) through ``F.linear``'s matrix-vector path. Packed was as fast or faster for one row
-    on a quiet machine, so this is off; it doubles the linear weights' memory.
+    ``min_rows``: products over fewer rows are padded with zero rows to this many. oneDNN
+    reduces a one-row product in another order than products over 2 or more rows (measured:
+    whenever ``in_features > 1024``, fp32 and bf16), while every row count from 2 up gives a row
+    the same bits; padding makes a token's logits independent of how many tokens share the pass,
+    which keeps speculative decoding exact in bf16 (docs/verification.md). 4, because oneDNN's
+    3- to 6-row kernels are faster here than its 1- and 2-row ones. 1 turns padding off.
     """
 
     batch_hint: int = 16
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
     pack_shared: bool = True
-    keep_plain_for_one_row: bool = False
+    min_rows: int = 4
+
+    def __post_init__(self) -> None:
+        if self.min_rows < 1:
+            raise ValueError(f"VerificationConfig: min_rows must be >= 1, got {self.min_rows}")
 
 
 class PackedLinear(nn.Module):
@@ -61,10 +68,10 @@ class PackedLinear(nn.Module):
 
     The packed weight is an opaque MKLDNN tensor, kept as a plain attribute: it is not in
     ``state_dict()``, and the module stays on CPU in its dtype (``.to()`` does not move it).
-    ``bias`` stays the original parameter; ``weight`` is the original parameter when kept for
-    one-row inputs (``keep_plain``), else None. ``extra_bytes`` is the memory it adds: the packed
-    copy when the plain weight stays in memory (kept, or used by another module), else only what
-    the layout pads.
+    ``bias`` stays the original parameter. ``extra_bytes`` is the memory it adds: the packed copy
+    when the plain weight stays in memory (used by another module, ``shared``), else only what
+    the layout pads. Inputs of fewer than ``min_rows`` rows are padded with zero rows (see
+    :class:`VerificationConfig`).
 
     Example:
         >>> lin = nn.Linear(8, 4)
@@ -74,30 +81,27 @@ class PackedLinear(nn.Module):
         True
     """
 
-    def __init__(
-        self, linear: nn.Linear, batch_hint: int, shared: bool = False, keep_plain: bool = False
-    ) -> None:
+    def __init__(self, linear: nn.Linear, batch_hint: int, shared: bool = False, min_rows: int = 4) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
+        self.min_rows = min_rows
         with torch.no_grad():
             self.packed: Tensor = torch.ops.mkldnn._reorder_linear_weight(
                 linear.weight.detach(), batch_hint
             )
-        self.weight = linear.weight if keep_plain else None
+        self.weight = None  # only the packed copy is kept (dense_weight unpacks it)
         self.bias = linear.bias
         packed_bytes = torch.ops.mkldnn._nbytes(self.packed)
-        self.extra_bytes = (
-            packed_bytes if shared or keep_plain else packed_bytes - linear.weight.nbytes
-        )
+        self.extra_bytes = packed_bytes if shared else packed_bytes - linear.weight.nbytes
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.weight is not None and x.numel() == self.in_features:
-            return F.linear(x, self.weight, self.bias)
-        y = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, self.in_features), self.packed, self.bias, "none", [], ""
-        )
-        return y.reshape(*x.shape[:-1], self.out_features)
+        rows = x.reshape(-1, self.in_features)
+        n = rows.shape[0]
+        if n < self.min_rows:
+            rows = F.pad(rows, (0, 0, 0, self.min_rows - n))
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return y[:n].reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         bias = self.bias is not None
@@ -108,9 +112,8 @@ def dense_weight(linear: nn.Module) -> Tensor:
     """The ``[out_features, in_features]`` weight of an ``nn.Linear`` or a :class:`PackedLinear`
     as a plain tensor.
 
-    A prepared layer keeps the plain weight only for one-row inputs (``keep_plain``) or when
-    another module uses it (a tied head); otherwise it holds only the packed copy, which is
-    unpacked here into a new tensor (the same values: packing is a layout change only).
+    A prepared layer holds only the packed copy, which is unpacked here into a new tensor (the
+    same values: packing is a layout change only).
 
     Example:
         >>> lin = nn.Linear(8, 4)
@@ -118,7 +121,7 @@ def dense_weight(linear: nn.Module) -> Tensor:
         True
     """
     if isinstance(linear, PackedLinear):
-        return linear.weight if linear.weight is not None else linear.packed.to_dense()
+        return linear.packed.to_dense()
     if isinstance(linear, nn.Linear):
         return linear.weight
     raise ValueError(f"expected a linear layer (nn.Linear or PackedLinear), not {type(linear).__name__}")
@@ -179,7 +182,7 @@ def accelerate_verification(
         setattr(
             parent,
             child,
-            PackedLinear(linear, config.batch_hint, shared, config.keep_plain_for_one_row),
+            PackedLinear(linear, config.batch_hint, shared, config.min_rows),
         )
     if targets:
         _own_memory(model)

@@ -1,0 +1,139 @@
+"""Exact in every dtype: on a prepared model, the logits a pass computes for a token do not depend
+on how many tokens share the pass. Every node of a chain or a tree of T tokens gets, bit for bit,
+the logits of one-token passes along its path (fp32 and bf16), and every decoder is then greedy
+identical to one-token decoding (``method=None``) in bf16."""
+
+import pytest
+import torch
+from support import random_parents
+from test_decoders import PROMPTS, left_padded
+from tiny_models import perturbed, tiny_lm
+
+import specdec
+from specdec.cache import SpecCache
+from specdec.tree_forward import prefill, tree_attention_enabled, tree_forward
+
+DTYPES = [torch.float32, torch.bfloat16]
+SIZES = (1, 2, 3, 4, 8, 17, 64)
+
+
+def prepared(model, dtype):
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN has no bf16 on this CPU: bf16 layers stay unpacked, without the property")
+    return specdec.accelerate_verification(model.to(dtype))
+
+
+def tiny(family: str, dtype):
+    # intermediate_size > 1024: the MLP's down projection is where oneDNN's one-row product
+    # would round differently without padding.
+    return prepared(tiny_lm(family, seed=31, intermediate_size=1088), dtype)
+
+
+def path_to(parents: list[int], node: int) -> list[int]:
+    path = [node]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+@torch.no_grad()
+def assert_passes_match_one_token_passes(model, prefix: torch.Tensor, sizes=SIZES, trees=True):
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    with tree_attention_enabled(model):
+        cache = SpecCache.for_model(model, batch_size=1, max_length=prefix.shape[1] + 2 * max(sizes) + 2)
+        prefill(model, cache, prefix)
+        P = cache.lengths.clone()
+        memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+        def one_token_passes(tokens: list[int]) -> torch.Tensor:
+            """Logits after the last of ``tokens``, fed one pass per token (every prefix's
+            logits are kept on the way)."""
+            if tuple(tokens) not in memo:
+                cache.rollback(P)
+                for n, t in enumerate(tokens, start=1):
+                    out = tree_forward(model, cache, torch.tensor([[t]]), torch.tensor([[-1]]))
+                    cache.advance(torch.ones(1, dtype=torch.long))
+                    memo[tuple(tokens[:n])] = out[0, 0]
+            return memo[tuple(tokens)]
+
+        chain = torch.randint(vocab, (1, max(sizes)), generator=gen)
+        for T in sizes:
+            tokens = chain[:, :T]
+            shapes = {"chain": torch.arange(-1, T - 1)[None], "prompt": None}
+            if trees and T > 2:
+                shapes["tree"] = torch.tensor([random_parents(T, gen)])
+            for shape, parents in shapes.items():
+                nodes = torch.randint(vocab, (1, T), generator=gen) if shape == "tree" else tokens
+                cache.rollback(P)
+                logits = tree_forward(model, cache, nodes, parents)
+                for i in reversed(range(T)):  # the longest path first: it yields its prefixes
+                    path = path_to(parents[0].tolist(), i) if shape == "tree" else list(range(i + 1))
+                    want = one_token_passes(nodes[0, path].tolist())
+                    assert torch.equal(logits[0, i], want), (
+                        f"{shape} of {T} tokens, node {i}: max diff {(logits[0, i] - want).abs().max():.3g}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_tiny_models_every_node_equals_one_token_passes(family, dtype):
+    model = tiny(family, dtype)
+    # A prefix longer than one key block (128): the blocks must fall the same way.
+    prefix = torch.randint(model.config.vocab_size, (1, 150), generator=torch.Generator().manual_seed(1))
+    assert_passes_match_one_token_passes(model, prefix)
+
+
+def decoders(target, dtype):
+    draft = prepared(perturbed(tiny_lm(target.config.model_type, seed=31, intermediate_size=1088), 0.05, 7), dtype)
+    heads = specdec.MedusaHeads.for_target(target, 2, torch.arange(target.config.vocab_size))
+    return {
+        "prompt lookup": specdec.PromptLookup(),
+        "draft model": specdec.DraftModel(draft, 4),
+        "medusa": specdec.Medusa(heads, tree=[(0,), (1,), (0, 0)]),
+        "lookahead": specdec.Lookahead(window=3, ngram=3, guess_set=3),
+    }
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_every_decoder_is_greedy_identical_to_one_token_decoding_in_bf16(family):
+    target = tiny(family, torch.bfloat16)
+    ids, mask = left_padded(PROMPTS)
+    kw = dict(max_new_tokens=32, attention_mask=mask, pad_token_id=2, eos_token_id=[])
+    want = specdec.generate(target, ids, method=None, **kw).sequences
+    for b in range(len(PROMPTS)):  # batch 1 too
+        row = specdec.generate(target, ids[b:b + 1], method=None, **{**kw, "attention_mask": mask[b:b + 1]})
+        assert torch.equal(row.sequences, want[b:b + 1])
+    for name, method in decoders(target, torch.bfloat16).items():
+        out = specdec.generate(target, ids, method=method, **kw)
+        assert torch.equal(out.sequences, want), name
+        assert out.stats.total_accepted > 0, name
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_smollm2_every_node_equals_one_token_passes(dtype):
+    from specdec import models
+
+    model, tok = models.load("smollm2-135m", dtype=torch.float32)
+    model = prepared(model, dtype)
+    prefix = tok("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 6,
+                 return_tensors="pt").input_ids
+    assert_passes_match_one_token_passes(model, prefix, sizes=(1, 2, 4, 17, 64))
+
+
+@pytest.mark.real_model
+def test_smollm2_decoders_identical_to_one_token_decoding_in_bf16():
+    from specdec import models
+
+    model, tok = models.load("smollm2-135m", dtype=torch.float32)
+    model = prepared(model, torch.bfloat16)
+    texts = ["Write a Python function that checks whether a number is prime.",
+             "Rename the variable x to total:\n\ndef f(items):\n    x = 0\n    for i in items:\n"
+             "        x += i\n    return x\n"]
+    for text in texts:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        want = specdec.generate(model, ids, max_new_tokens=40, method=None).sequences
+        for method in (specdec.PromptLookup(), specdec.Lookahead()):
+            assert torch.equal(specdec.generate(model, ids, max_new_tokens=40, method=method).sequences, want)
