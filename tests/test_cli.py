@@ -36,11 +36,12 @@ def test_bench_writes_a_table_json_and_plot(tmp_path):
               "--max-new-tokens", "6", "--draft-head-tokens", "20000", "--out", str(tmp_path)])
     stem = "bench_smollm2-135m_float32"
     record = json.loads((tmp_path / f"{stem}.json").read_text())
-    methods = {"plain", "hf_prompt_lookup", "hf_assisted", "specdec_prompt_lookup", "specdec_lookahead",
-               "specdec_draft", "specdec_draft_head20000"}
+    methods = {"plain", "hf_prompt_lookup", "hf_assisted", "specdec_one_token", "specdec_prompt_lookup",
+               "specdec_lookahead", "specdec_draft", "specdec_draft_head20000"}
     assert {r["method"] for r in record["runs"]} == methods
     assert len(record["runs"]) == 2 * len(methods)  # one prompt of each set
     assert all(r["new_tokens"] == 6 and r["identical_to_plain"] for r in record["runs"])
+    assert all(r["identical_to_one_token"] for r in record["runs"] if r["method"].startswith("specdec"))
     assert "| editing | specdec_draft |" in (tmp_path / f"{stem}.md").read_text()
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
 

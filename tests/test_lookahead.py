@@ -147,8 +147,10 @@ CONFIGS = {
 @pytest.mark.parametrize("config", CONFIGS)
 def test_greedy_identity_ragged_batch(family, config, device):
     target = tiny_lm(family, seed=23).to(device)
-    out = assert_greedy_identity(target, PROMPTS, CONFIGS[config], max_new=32)
-    if config != "no guesses":
+    method = CONFIGS[config]
+    out = assert_greedy_identity(target, PROMPTS, method, max_new=32)
+    # Adaptive sizes follow the measured pass costs, so how much is proposed varies from run to run.
+    if not method.adaptive and method.guess_set:
         assert out.stats.total_accepted > 0
 
 

@@ -168,6 +168,7 @@ class Run:
     tokens_per_pass: float | None = None
     acceptance_rate: float | None = None
     greedy_prefix: float | None = None  # share of the tokens before the first difference from plain
+    identical_to_one_token: bool | None = None  # ours: the same tokens as our method=None
 
 
 def _greedy_prefix(out: torch.Tensor, reference: torch.Tensor) -> float:
@@ -199,9 +200,16 @@ def main(args: argparse.Namespace) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise SystemExit("specdec bench: the plot needs matplotlib: pip install 'specdec[bench]'")
     import specdec
-    from specdec.cli import _encode, load_models, medusa_heads, pad_token_id
+    from specdec.cli import DTYPES, _encode, load_models, medusa_heads, pad_token_id
 
     target, tok, draft = load_models(args)
+    # HF plain generate in another dtype too (e.g. fp32 next to a bf16 run), prepared alike.
+    others = {}
+    if args.plain_dtype and args.plain_dtype != args.dtype:
+        from specdec import models
+
+        other = models.load(args.model, dtype=DTYPES[args.plain_dtype])[0]
+        others[f"plain_{args.plain_dtype}"] = other if args.no_accelerate else specdec.accelerate_verification(other)
     costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16, 32))
     pad = pad_token_id(tok)
     # One short unmeasured run of every method first: the first passes of a process pay for
@@ -209,7 +217,9 @@ def main(args: argparse.Namespace) -> None:
     # whichever method ran first.
     hf = {"hf_prompt_lookup": dict(prompt_lookup_num_tokens=10)}
     # Our methods: name -> (method, extra generate arguments).
-    ours = {"specdec_prompt_lookup": (specdec.PromptLookup(), {}), "specdec_lookahead": (specdec.Lookahead(), {})}
+    # One-token decoding through our loop: the reference every method must equal, in any dtype.
+    ours = {"specdec_one_token": (None, {}), "specdec_prompt_lookup": (specdec.PromptLookup(), {}),
+            "specdec_lookahead": (specdec.Lookahead(), {})}
     if args.medusa:
         heads = medusa_heads(args, target, tok)
         ours["specdec_medusa"] = (specdec.Medusa(heads), {})
@@ -231,6 +241,8 @@ def main(args: argparse.Namespace) -> None:
     warm = _encode(tok, max((p for ps in sets.values() for p in ps[: args.prompts]), key=len),
                    chat=True)
     _hf_run(target, warm, 8, pad_token_id=pad)
+    for other in others.values():
+        _hf_run(other, warm, 8, pad_token_id=pad)
     for kw in hf.values():
         _hf_run(target, warm, 8, pad_token_id=pad, **kw)
     for method, kw in ours.values():  # also makes a reduced draft head, once
@@ -239,12 +251,16 @@ def main(args: argparse.Namespace) -> None:
     for set_name, prompts in sets.items():
         for i, text in enumerate(prompts[: args.prompts]):
             ids = _encode(tok, text, chat=True)
-            reference = None
+            reference = one_token = None
             for _ in range(args.repeats):  # methods interleaved: slow phases of the VM hit all
                 plain, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad)
                 reference = plain if reference is None else reference
                 runs.append(Run(set_name, i, "plain", len(plain), secs, len(plain) / secs,
                                 torch.equal(plain, reference)))
+                for name, other in others.items():
+                    out, secs = _hf_run(other, ids, args.max_new_tokens, pad_token_id=pad)
+                    runs.append(Run(set_name, i, name, len(out), secs, len(out) / secs,
+                                    torch.equal(out, reference)))
                 for name, kw in hf.items():
                     out, secs = _hf_run(target, ids, args.max_new_tokens, pad_token_id=pad, **kw)
                     runs.append(Run(set_name, i, name, len(out), secs, len(out) / secs,
@@ -255,10 +271,13 @@ def main(args: argparse.Namespace) -> None:
                                            method=method, pad_token_id=pad, pass_costs=costs, **kw, **seed)
                     st = res.stats
                     out = res.sequences[0, ids.shape[1]: ids.shape[1] + st.new_tokens]
+                    if method is None and one_token is None:
+                        one_token = out
                     runs.append(Run(set_name, i, name, st.new_tokens, st.wall_time_s,
                                     st.tokens_per_second, torch.equal(out, reference),
                                     st.target_forwards, st.new_tokens / st.target_forwards,
-                                    st.acceptance_rate, _greedy_prefix(out, reference)))
+                                    st.acceptance_rate, _greedy_prefix(out, reference),
+                                    None if kw.get("do_sample") else torch.equal(out, one_token)))
             print(_table([r for r in runs if r.prompt_set == set_name and r.prompt == i]), flush=True)
     _write(args, runs, costs)
 
@@ -277,20 +296,24 @@ def _summary(runs: list[Run]) -> list[dict]:
                 "tokens/pass": sum(r.new_tokens for r in rs) / sum(passes) if passes else None,
                 "acceptance": (sum(r.acceptance_rate for r in rs) / len(rs)) if passes else None,
                 "identical": all(r.identical_to_plain for r in rs),
+                "= one-token": (all(r.identical_to_one_token for r in rs)
+                                if all(r.identical_to_one_token is not None for r in rs) else None),
                 "greedy prefix": (sum(r.greedy_prefix for r in rs) / len(rs)) if passes else None,
             })
     return rows
 
 
 def _table(runs: list[Run]) -> str:
-    lines = ["| set | method | tok/s | speed-up | tokens/pass | acceptance | identical | greedy prefix |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| set | method | tok/s | speed-up | tokens/pass | acceptance | identical | = one-token "
+             "| greedy prefix |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in _summary(runs):
         tpp = f"{s['tokens/pass']:.2f}" if s["tokens/pass"] else ""
         acc = f"{s['acceptance']:.0%}" if s["acceptance"] is not None else ""
         prefix = f"{s['greedy prefix']:.0%}" if s["greedy prefix"] is not None else ""
+        same = {None: "", True: "yes", False: "NO"}[s["= one-token"]]
         lines.append(f"| {s['set']} | {s['method']} | {s['tok/s']:.2f} | {s['speed-up']:.2f}x | {tpp} "
-                     f"| {acc} | {'yes' if s['identical'] else 'NO'} | {prefix} |")
+                     f"| {acc} | {'yes' if s['identical'] else 'NO'} | {same} | {prefix} |")
     return "\n".join(lines)
 
 
@@ -303,7 +326,7 @@ def _write(args: argparse.Namespace, runs: list[Run], costs: dict[int, float]) -
     meta = {"model": args.model, "draft": args.draft, "dtype": args.dtype,
             "draft_dtype": args.draft_dtype or args.dtype,
             "accelerated": not args.no_accelerate, "max_new_tokens": args.max_new_tokens,
-            "repeats": args.repeats, "prompt_file": args.prompt_file,
+            "repeats": args.repeats, "prompt_file": args.prompt_file, "plain_dtype": args.plain_dtype,
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
             "pass_costs_ms": costs}
     (out / f"{stem}.json").write_text(json.dumps(

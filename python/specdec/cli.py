@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also run DraftModel(head_tokens=N); 0 leaves that run out")
     b.add_argument("--draft-dtype", choices=DTYPES, default=None,
                    help="the draft's dtype, for ours and HF assisted alike (default: --dtype)")
+    b.add_argument("--plain-dtype", choices=DTYPES, default=None,
+                   help="also HF plain generate with the target in this dtype (e.g. float32 next to "
+                        "a bfloat16 run), prepared alike")
     b.add_argument("--prompt-file", default=None,
                    help="bench these prompts instead of the built-in sets: one per line (\\n for a "
                         "newline), or .jsonl objects {\"prompt\": ..., \"set\": ...} (docs/benchmarks.md)")
