@@ -124,7 +124,7 @@ def _initial_window(method: Lookahead, prompt: Tensor, prompt_len: Tensor) -> Te
 def _window_layout(fill: tuple[int, ...]) -> tuple[list[int], list[int], Tensor, Tensor]:
     """Levels, columns, mask ``[n, n]`` among the window's n nodes and position offsets after
     the root, for columns with ``fill[j]`` levels each (level-major node order)."""
-    nodes = [(l, j) for l in range(max(fill)) for j in range(len(fill)) if l < fill[j]]
+    nodes = [(l, j) for l in range(max(fill, default=0)) for j in range(len(fill)) if l < fill[j]]
     levels = [l for l, _ in nodes]
     columns = [j for _, j in nodes]
     mask = torch.tensor([[(l2 == 0 and j2 <= j) or (j2 == j and 0 < l2 <= l) for l2, j2 in nodes]
@@ -178,7 +178,8 @@ class _LookaheadProposer:
         w = 0
         while w < m.window and cost(verified + sum(self.fill[: w + 1])) <= budget:
             w += 1
-        return g, max(w, 1)
+        # Where no column pays, the window still runs one column every few steps to keep filling.
+        return g, max(w, int(self.steps % EXPLORE_EVERY == 0))
 
     def propose(self, ctx: Context) -> Proposal:
         m = self.method
