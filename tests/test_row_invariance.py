@@ -7,6 +7,7 @@ import pytest
 import torch
 from support import random_parents
 from test_decoders import PROMPTS, left_padded
+from test_tree_forward import path_to
 from tiny_models import perturbed, tiny_lm
 
 import specdec
@@ -27,13 +28,6 @@ def tiny(family: str, dtype):
     # intermediate_size > 1024: the MLP's down projection is where oneDNN's one-row product
     # would round differently without padding.
     return prepared(tiny_lm(family, seed=31, intermediate_size=1088), dtype)
-
-
-def path_to(parents: list[int], node: int) -> list[int]:
-    path = [node]
-    while path[-1] != 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
 
 
 @torch.no_grad()
