@@ -44,13 +44,17 @@ class CopyChain:
         self.start = ctx.lengths.clone()
         return self.chain
 
-    def observe(self, ctx: Context, accept_len: Tensor, live: Tensor) -> list[list[int]]:
+    def observe(self, ctx: Context, accept_len: Tensor, live: Tensor,
+                accepted: Tensor | None = None) -> list[list[int]]:
         """Learns from the step just committed; returns, per row of ``live`` (one host read),
-        ``[accepted, accepted of this chain alone, the chain's length]``."""
+        ``[accepted, accepted of this chain alone, the chain's length]``. ``accepted``: this
+        step's :meth:`accepted`, when the caller has it already."""
         if self.chain is None:
             return []
+        if accepted is None:
+            accepted = self.accepted(ctx, accept_len)
         chain_len = (self.chain >= 0).sum(1)
-        rows = torch.stack([accept_len, self.accepted(ctx, accept_len), chain_len], 1)[live].tolist()
+        rows = torch.stack([accept_len, accepted, chain_len], 1)[live].tolist()
         if self.adaptive:
             chains = [(a, n) for _, a, n in rows if n > 0]
             self.acceptance.observe([a for a, _ in chains], [n for _, n in chains])

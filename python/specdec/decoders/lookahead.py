@@ -218,10 +218,14 @@ class _LookaheadProposer:
         self._advance_window(step.logits)
         if m.pool_from_prompt:  # the n-grams ending at the tokens this step committed
             self.insert_context(ctx, self.start, m.ngram)
-        if m.adaptive and self.guesses is not None:
-            self._observe_hits(ctx, step.accept_len)
-        if m.adaptive and self.copy is not None:
-            self.copy.observe(ctx, step.accept_len, self.live)
+        if not m.adaptive:
+            return
+        # How much of the copy was taken: for the copy's estimate and the guesses' gain beyond it.
+        copied = self.copy.accepted(ctx, step.accept_len) if self.copy else None
+        if self.guesses is not None:
+            self._observe_hits(ctx, step.accept_len, copied)
+        if self.copy is not None:
+            self.copy.observe(ctx, step.accept_len, self.live, copied)
 
     def _advance_window(self, logits: Tensor) -> None:
         """The new level from each run column's top level; full columns give the pool an
@@ -240,11 +244,13 @@ class _LookaheadProposer:
                 self.levels[:, self.fill[j], j] = new[:, j]
                 self.fill[j] += 1
 
-    def _observe_hits(self, ctx: Context, accept_len: Tensor) -> None:
-        """How many tokens the best of the first g guesses would have added to the copy's, per g."""
+    def _observe_hits(self, ctx: Context, accept_len: Tensor, copied: Tensor | None) -> None:
+        """How many tokens the best of the first g guesses would have added to the copy's
+        (``copied [B]`` tokens of it taken, None: no copy), per g."""
         best = matched(self.guesses, ctx, self.start, accept_len).cummax(1).values
-        copied = self.copy.accepted(ctx, accept_len)[:, None] if self.copy else torch.zeros_like(best[:, :1])
-        gain = (best - copied).clamp_min(0)[self.live].double()
+        if copied is not None:
+            best = best - copied[:, None]
+        gain = best.clamp_min(0)[self.live].double()
         if gain.shape[0] == 0:
             return
         for i, mean in enumerate(gain.mean(0).tolist(), start=1):  # one host read
