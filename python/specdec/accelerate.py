@@ -50,7 +50,7 @@ class VerificationConfig:
     whenever ``in_features > 1024``, fp32 and bf16), while every row count from 2 up gives a row
     the same bits; padding makes a token's logits independent of how many tokens share the pass,
     which keeps speculative decoding exact in bf16 (docs/verification.md). 4, because oneDNN's
-    3- to 6-row kernels are faster here than its 1- and 2-row ones. 1 turns padding off.
+    4-row products measured faster here than its 1- and 2-row ones. 1 turns padding off.
     """
 
     batch_hint: int = 16
