@@ -113,6 +113,14 @@ METHODS = {
                                                                                head_tokens=8),
     "prompt lookup tree": lambda draft: specdec.PromptLookup(adaptive=False, num_draft_tokens=3, side_tokens=2),
     "lookahead": lambda draft: specdec.Lookahead(window=3, ngram=3, guess_set=3, copy_tokens=3, adaptive=False),
+    "ensemble union": lambda draft: specdec.Ensemble(
+        specdec.PromptLookup(adaptive=False, num_draft_tokens=3, side_tokens=2), specdec.DraftModel(draft, 3),
+        specdec.Lookahead(window=2, ngram=3, guess_set=2, copy_tokens=0, adaptive=False), adaptive=False),
+    "ensemble average": lambda draft: specdec.Ensemble(
+        specdec.DraftModel(draft, 3), specdec.DraftModel(perturbed(draft, 0.5, seed=10), 3), mix="average"),
+    "ensemble average, rejection sampling": lambda draft: specdec.Ensemble(
+        specdec.DraftModel(draft, 3, coupled=False), specdec.DraftModel(perturbed(draft, 0.5, seed=10), 3,
+                                                                        coupled=False), mix="average"),
 }
 
 

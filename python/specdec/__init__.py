@@ -32,6 +32,7 @@ _LAZY = {
     "PromptLookup": "specdec.decoders",
     "Medusa": "specdec.decoders",
     "Lookahead": "specdec.decoders",
+    "Ensemble": "specdec.decoders",
     "GenerateOutput": "specdec.decoders",
     "Proposal": "specdec.decoders",
     "StepResult": "specdec.decoders",

@@ -11,8 +11,9 @@ as :func:`specdec.ops.build_tree` expects):
 - :func:`dynamic_tree`: a tree per row and step, the paths with the highest cumulative
   log-probability under the heads.
 
-:func:`merge_chains` turns several candidate chains per row into one tree, shared prefixes
-merged.
+:func:`merge_paths` merges a tree's nodes whose token paths from the root are equal (several
+proposers' trees over one root become one trie); :func:`merge_chains` turns several candidate
+chains per row into one tree that way.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["StaticTree", "auto_choices", "dynamic_tree", "merge_chains"]
+from specdec import ops
+
+__all__ = ["StaticTree", "auto_choices", "dynamic_tree", "merge_chains", "merge_paths"]
 
 Path = tuple[int, ...]
 
@@ -288,26 +291,52 @@ def merge_chains(root: Tensor, chains: Tensor) -> tuple[Tensor, Tensor]:
     (-1, under the root) at the end of a row; T is the largest node count of a row (one host
     sync, to size the pass)."""
     B, M, k = chains.shape
-    valid = chains >= 0
-    # same[b, m, n, i]: chains m and n agree on their first i + 1 tokens.
-    same = ((chains[:, :, None] == chains[:, None]) & valid[:, :, None]).long().cumprod(3)
-    owner = same.argmax(2)  # the first such chain (argmax returns the first maximum)
-    own = valid & (owner == torch.arange(M, device=chains.device)[:, None])
-    columns = torch.arange(k, device=chains.device)
-    # Node (m, i) sits at 1 + m * k + i; its parent is node (owner of (m, i - 1), i - 1), or the root.
-    parent = torch.cat([torch.zeros_like(owner[..., :1]), 1 + owner[..., :-1] * k + columns[:-1]], 2)
-    tokens = torch.cat([root, torch.where(own, chains, -1).reshape(B, M * k)], 1)
-    parents = torch.cat([torch.full_like(root, -1), parent.reshape(B, M * k)], 1)
-    # Drop the padding and renumber: a kept node's new index is the count of kept nodes before it.
-    keep = tokens >= 0
-    keep[:, 0] = True
-    index = keep.long().cumsum(1) - 1
-    width = int(keep.sum(1).max())
-    slot = torch.where(keep, index, width)  # dropped nodes go to a spare last column
+    # Node (m, i) sits at 1 + m * k + i, below node (m, i - 1) or the root.
+    below = torch.arange(k, device=chains.device).expand(M, k) + torch.arange(M, device=chains.device)[:, None] * k
+    parents = torch.where(torch.arange(k, device=chains.device) > 0, below, 0).reshape(1, M * k)
+    tokens, parents, _ = merge_paths(torch.cat([root, chains.reshape(B, M * k)], 1),
+                                     torch.cat([torch.full_like(root, -1), parents.expand(B, -1)], 1))
+    return tokens, parents
+
+
+def merge_paths(tokens: Tensor, parents: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The tree ``tokens, parents [B, N]`` (node 0 the root, a parent before its children, -1
+    tokens: padding, dropped) with nodes whose root-to-node token paths are equal merged into
+    the first of them, so siblings hold different tokens. Several proposers' trees over one
+    root, concatenated, become one trie this way.
+
+    Returns ``(tokens, parents [B, T], index [B, N])``: kept nodes in their original order
+    (parents first), padding (-1, under the root) at the end of a row, T the largest node
+    count of a row (one host sync); ``index`` is where each input node went (-1: padding).
+
+    Example:
+        >>> tokens = torch.tensor([[5, 7, 8, 7, 9, -1]])   # root 5; 7-8 and 7-9 share their 7
+        >>> parents = torch.tensor([[-1, 0, 1, 0, 3, 0]])
+        >>> merged, parents, index = merge_paths(tokens, parents)
+        >>> merged.tolist(), parents.tolist(), index.tolist()
+        ([[5, 7, 8, 9]], [[-1, 0, 1, 1]], [[0, 1, 2, 1, 3, -1]])
+    """
+    B, N = tokens.shape
+    real = tokens >= 0
+    real[:, 0] = True
+    ancestors, depth, _ = ops.build_tree(parents, max_leaves=1, max_depth=0)
+    D = int(depth.max()) + 1
+    # path[b, n, d]: the token of node n's ancestor at depth d (-1 below n's depth).
+    path = torch.full((B, N, D + 1), -1, dtype=tokens.dtype, device=tokens.device)
+    slot = torch.where(ancestors, depth[:, None, :].to(torch.long), D)
+    path.scatter_(2, slot, tokens[:, None, :].expand(B, N, N))
+    same = (path[:, :, None, :D] == path[:, None, :, :D]).all(-1) & real[:, None, :]
+    first = same.to(torch.uint8).argmax(2)  # the first node with the same path (itself at worst)
+    nodes = torch.arange(N, device=tokens.device)
+    own = real & (first == nodes)
+    new = own.long().cumsum(1) - 1
+    index = torch.where(real, torch.gather(new, 1, first), -1)
+    width = int(own.sum(1).max())
+    slot = torch.where(own, new, width)  # merged and padding nodes go to a spare last column
     new_parents = torch.where(parents >= 0, torch.gather(index, 1, parents.clamp_min(0)), -1)
     out_tokens = torch.full((B, width + 1), -1, dtype=tokens.dtype, device=tokens.device)
     out_parents = torch.zeros((B, width + 1), dtype=parents.dtype, device=parents.device)
     out_tokens.scatter_(1, slot, tokens)
-    out_parents.scatter_(1, slot, new_parents)
+    out_parents.scatter_(1, slot, new_parents.to(parents.dtype))
     out_parents[:, 0] = -1
-    return out_tokens[:, :width], out_parents[:, :width]
+    return out_tokens[:, :width], out_parents[:, :width], index

@@ -32,9 +32,9 @@ class CopyChain:
 
     def propose(self, ctx: Context, explore: bool = False) -> Tensor | None:
         """The chain, or None when no candidate pays (``explore``: then one candidate anyway,
-        so that the estimate can recover)."""
-        k = self.limit
-        if self.adaptive:
+        so that the estimate can recover) or the context's ``max_nodes`` is 0."""
+        k = ctx.node_budget(self.limit)
+        if self.adaptive and k:
             k = ctx.costs.best_length(self.acceptance, k) or int(explore)
         self.chain = None
         if k == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +15,7 @@ from specdec.cache import SpecCache
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.decoders.verify import draw
 from specdec.random_streams import DRAFT, TOKEN
+from specdec.sampling import Sampling
 from specdec.tree_forward import prefill
 
 
@@ -81,8 +83,7 @@ class DraftModel:
 
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult):
-        target_vocab = self.check_vocabulary(target)
-        return _DraftProposer(self, target_vocab, prompt, prompt_len, max_length)
+        return draft_proposer([self], target, prompt, prompt_len, max_length)
 
     def check_vocabulary(self, target: torch.nn.Module) -> int:
         """The target's vocabulary size, after checking that the draft's ids mean the same
@@ -122,31 +123,59 @@ def _setting(model: torch.nn.Module, name: str):
     return tuple(value) if isinstance(value, list) else value
 
 
-class _DraftProposer:
-    def __init__(self, method: DraftModel, target_vocab: int, prompt: Tensor, prompt_len: Tensor,
-                 max_length: int) -> None:
-        self.method = method
-        self.cache = SpecCache.for_model(method.model, batch_size=prompt.shape[0], max_length=max_length)
-        self.head = method.reduced_head()
-        self.target_vocab = target_vocab
-        # Ids the draft may propose: below the shared part of the vocabularies.
-        self.proposable = min(_vocab_size(method.model), target_vocab, method.shared_vocab or target_vocab)
-        prefill(method.model, self.cache, prompt, prompt_len, self.head)
+def draft_proposer(drafts: Sequence[DraftModel], target: torch.nn.Module, prompt: Tensor,
+                   prompt_len: Tensor, max_length: int) -> _DraftProposer:
+    """The proposer of one draft model, or of several drafting from the mean of their
+    distributions (`specdec.Ensemble(..., mix="average")`): lengths, adaptivity and coupling
+    are the first draft's; each draft's tokenizer is checked against the target's."""
+    target_vocab = drafts[0].check_vocabulary(target)
+    for draft in drafts[1:]:
+        draft.check_vocabulary(target)
+    return _DraftProposer(drafts, target_vocab, prompt, prompt_len, max_length)
 
-    def _scores(self, logits: Tensor) -> Tensor:
-        return logits[..., : self.proposable]  # a view
+
+class _DraftProposer:
+    def __init__(self, drafts: Sequence[DraftModel], target_vocab: int, prompt: Tensor, prompt_len: Tensor,
+                 max_length: int) -> None:
+        self.method = drafts[0]
+        B = prompt.shape[0]
+        self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=max_length),
+                        d.reduced_head()) for d in drafts]
+        self.target_vocab = target_vocab
+        # Ids every draft may propose: below the shared part of the vocabularies (and heads).
+        self.proposable = min(min(_vocab_size(d.model), d.shared_vocab or target_vocab,
+                                  d.head_tokens or target_vocab) for d in drafts)
+        self.proposable = min(self.proposable, target_vocab)
+        for model, cache, head in self.drafts:
+            prefill(model, cache, prompt, prompt_len, head)
+
+    @property
+    def cache(self) -> SpecCache:
+        return self.drafts[0][1]  # every draft's cache holds the same tokens
+
+    def _scores(self, tokens: Tensor, lengths: Tensor | None, sampling: Sampling) -> Tensor:
+        """The drafts' next-token scores over the proposable ids after feeding ``tokens``:
+        sampling, the distribution drafted from (the mean of the drafts' warped ones); greedy,
+        one draft's logits (a view) or the mean of several drafts' probabilities."""
+        logits = [prefill(model, cache, tokens, lengths, head)[..., : self.proposable]
+                  for model, cache, head in self.drafts]
+        if sampling.do_sample:
+            probs = [sampling.probs(x) for x in logits]
+            return probs[0] if len(probs) == 1 else torch.stack(probs).mean(0)
+        return logits[0] if len(logits) == 1 else torch.stack([x.float().softmax(-1) for x in logits]).mean(0)
 
     def propose(self, ctx: Context) -> Proposal:
         method, sampling = self.method, ctx.sampling
-        limit = method.max_draft_tokens if method.adaptive else method.num_draft_tokens
+        limit = ctx.node_budget(method.max_draft_tokens if method.adaptive else method.num_draft_tokens)
+        if limit == 0:  # the tokens committed meanwhile are fed at the next drafting step
+            return Proposal(ctx.roots(), torch.full_like(ctx.roots(), -1))
         start = time.perf_counter()
         # Tokens committed since the draft last saw the context (1, or 2 after a full accept).
         pending = ctx.lengths - self.cache.lengths
         width = int(pending.max())
         columns = torch.arange(width, device=pending.device)
         idx = (self.cache.lengths[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1)
-        logits = self._scores(prefill(method.model, self.cache, torch.gather(ctx.tokens, 1, idx),
-                                      pending, self.head))
+        scores = self._scores(torch.gather(ctx.tokens, 1, idx), pending, sampling)
         # Adaptive: per live row, the chance that every draft so far is accepted (the draft's
         # own probabilities of its tokens stand in for it), and the expected emitted tokens.
         reach = (~ctx.finished).float()
@@ -154,21 +183,23 @@ class _DraftProposer:
         drafts, probs = [], []
         for i in range(limit):
             if sampling.do_sample:
-                q = sampling.probs(logits)
+                q = scores
                 # Coupled: the target's uniform at this position; else the draft's own.
                 choice = draw(q, ctx.streams, ctx.lengths + i, TOKEN if method.coupled else DRAFT)
                 if not method.coupled:  # ids past the draft's scores: probability 0
                     probs.append(F.pad(q, (0, self.target_vocab - q.shape[-1])))
             else:
-                choice = logits.argmax(-1)
+                choice = scores.argmax(-1)
             drafts.append(choice)
             if i + 1 == limit:
                 break
             if method.adaptive:
                 if sampling.do_sample:
                     confidence = torch.gather(q, 1, choice[:, None])[:, 0]
+                elif len(self.drafts) > 1:  # probabilities already
+                    confidence = scores.max(-1).values
                 else:
-                    top = logits.float()
+                    top = scores.float()
                     confidence = torch.exp(top.max(-1).values - torch.logsumexp(top, -1))
                 reach = reach * confidence
                 expected = expected + reach.sum()
@@ -176,7 +207,7 @@ class _DraftProposer:
                 now, gain = torch.stack([expected, (reach * confidence).sum()]).tolist()
                 if not ctx.costs.extend_pays(i + 1, now, gain):
                     break
-            logits = self._scores(prefill(method.model, self.cache, choice[:, None], head=self.head))
+            scores = self._scores(choice[:, None], None, sampling)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / len(drafts))
         tokens = torch.cat([ctx.roots(), torch.stack(drafts, 1)], 1)
@@ -187,8 +218,9 @@ class _DraftProposer:
         return Proposal(tokens, parents, draft_probs)
 
     def update(self, ctx: Context, step: StepResult) -> None:
-        # Keep only the draft's entries of committed tokens; the new root is fed next step.
-        self.cache.rollback(torch.minimum(self.cache.lengths, ctx.lengths - 1))
+        # Keep only the drafts' entries of committed tokens; the new root is fed next step.
+        for _, cache, _ in self.drafts:
+            cache.rollback(torch.minimum(cache.lengths, ctx.lengths - 1))
 
 
 

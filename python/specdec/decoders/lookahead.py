@@ -161,16 +161,24 @@ class _LookaheadProposer:
         self.pool.insert(torch.where(valid[:, :, None], grams.view(index.shape), -1))
 
     def _sizes(self, ctx: Context, copied: int) -> tuple[int, int]:
-        """(guesses, window columns) of this step, next to a copy of ``copied`` tokens."""
+        """(guesses, window columns) of this step, next to a copy of ``copied`` tokens, within
+        the context's node budget."""
         m = self.method
-        if not m.adaptive:
-            return m.guess_set, m.window
         n1, cost = m.ngram - 1, ctx.costs.target
+        room = ctx.node_budget(m.max_pass_tokens) - copied  # nodes left besides the root and copy
+        guesses = min(m.guess_set, room // n1)
+
+        def columns_within(nodes: int) -> int:  # the most columns whose levels fit in ``nodes``
+            return next((w for w in range(m.window, -1, -1) if sum(self.fill[:w]) <= nodes), 0)
+
+        if not m.adaptive:
+            return guesses, columns_within(room - guesses * n1)
         base = self.copy.acceptance.expected(copied) if copied else 1.0  # tokens without guesses
-        if self.steps % EXPLORE_EVERY == 0:
-            g = m.guess_set
+        explore = self.steps % EXPLORE_EVERY == 0
+        if explore:
+            g = guesses
         else:
-            g = max(range(m.guess_set + 1), key=lambda i: (base + self.hit[i]) / cost(1 + copied + i * n1))
+            g = max(range(guesses + 1), key=lambda i: (base + self.hit[i]) / cost(1 + copied + i * n1))
         # The window pays through the pool: it may cost at most half of what the pool's guesses
         # add (the other half is kept); the copy's tokens do not come from the window.
         verified = 1 + copied + g * n1
@@ -179,7 +187,7 @@ class _LookaheadProposer:
         while w < m.window and cost(verified + sum(self.fill[: w + 1])) <= budget:
             w += 1
         # Where no column pays, the window still runs one column every few steps to keep filling.
-        return g, max(w, int(self.steps % EXPLORE_EVERY == 0))
+        return g, min(max(w, int(explore)), columns_within(room - g * n1))
 
     def propose(self, ctx: Context) -> Proposal:
         m = self.method

@@ -110,12 +110,12 @@ class _MedusaProposer:
     def propose(self, ctx: Context) -> Proposal:
         root = ctx.roots()
         if self.tree is not None:
-            return Proposal(self.tree.tokens(root[:, 0], self.ids), self.parents)
-        tokens, parents = dynamic_tree(self.logprobs, self.ids, self.method.max_nodes)
+            proposal = Proposal(self.tree.tokens(root[:, 0], self.ids), self.parents)
+            # Nodes are ordered by depth, so any first nodes form a tree.
+            return proposal.narrowed(1 + ctx.node_budget(proposal.width - 1))
+        tokens, parents = dynamic_tree(self.logprobs, self.ids, max(ctx.node_budget(self.method.max_nodes), 1))
         tokens[:, 0] = root[:, 0]
-        return Proposal(tokens, parents)
+        return Proposal(tokens, parents).narrowed(1 + ctx.node_budget(tokens.shape[1] - 1))
 
     def update(self, ctx: Context, step: StepResult) -> None:
-        last = step.last_accepted()
-        rows = torch.arange(last.shape[0], device=last.device)
-        self.read(step.hidden[rows, last])
+        self.read(step.hidden_at_last())

@@ -91,7 +91,7 @@ class _LookupProposer:
             return Proposal(root, torch.full_like(root, -1))
         k = main.shape[1]
         chains = [main]
-        side = min(m.side_tokens, k)
+        side = min(m.side_tokens, k, (ctx.node_budget(k + 2 * m.side_tokens) - k) // 2)
         self.sides = side > 0 and self._sides_pay(ctx, k, side)
         if self.sides:
             match = functools.partial(ops.ngram_match, min_n=m.min_ngram, max_n=m.max_ngram)

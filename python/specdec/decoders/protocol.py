@@ -68,7 +68,10 @@ class Proposal:
 @dataclass
 class Context:
     """What a proposer may read: the committed tokens of every row (prompt, then output; the last
-    one is the root of the next step) and how tokens are chosen."""
+    one is the root of the next step) and how tokens are chosen.
+
+    ``max_nodes``: most nodes besides the root the proposer may put in this step's pass (0:
+    the root alone); None: its own sizing. Set by combinators (`specdec.Ensemble`)."""
 
     tokens: Tensor            # [B, capacity] committed tokens, left-aligned
     lengths: Tensor           # [B] committed tokens per row
@@ -76,6 +79,11 @@ class Context:
     sampling: Sampling
     streams: RandomStreams | None  # sampling only: the uniforms of every (row, position)
     costs: CostModel  # target pass costs: profiled, and measured as decoding goes (CPU)
+    max_nodes: int | None = None
+
+    def node_budget(self, wanted: int) -> int:
+        """``wanted`` nodes, cut to ``max_nodes``."""
+        return wanted if self.max_nodes is None else min(wanted, self.max_nodes)
 
     def roots(self) -> Tensor:
         """``[B, 1]`` the last committed token of every row."""
@@ -91,7 +99,9 @@ class StepResult:
     ``proposal`` (as run: on CPU it may be narrower than proposed), ``accept_len[b] = k``,
     ``next_token[b]`` the token chosen after node nk. ``logits [B, T, V]`` are the target's at
     every node (no copy); ``hidden [B, T, H]`` its final hidden states (after the final norm,
-    the LM head's input) from the same pass, when the method asks for them."""
+    the LM head's input) from the same pass, when the method asks for them.
+    ``last_hidden_state [B, H]``: the hidden state at the step's last accepted node, given when
+    that node is not among ``proposal``'s own (a member of an ensemble)."""
 
     proposal: Proposal
     accept_path: Tensor
@@ -99,6 +109,15 @@ class StepResult:
     next_token: Tensor
     logits: Tensor
     hidden: Tensor | None = None
+    last_hidden_state: Tensor | None = None
+
+    def hidden_at_last(self) -> Tensor:
+        """``[B, H]`` the target's final hidden state at each row's last accepted node (the
+        node after which ``next_token`` was chosen)."""
+        if self.last_hidden_state is not None:
+            return self.last_hidden_state
+        last = self.last_accepted()
+        return self.hidden[torch.arange(last.shape[0], device=last.device), last]
 
     def last_accepted(self) -> Tensor:
         """``[B]`` the node index of each row's last accepted node (the root when none)."""
