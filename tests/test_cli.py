@@ -19,13 +19,17 @@ def test_generate_needs_a_prompt():
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("method", [["--prompt-lookup"], ["--lookahead", "--window", "3", "--ngram", "3"]])
+@pytest.mark.parametrize("method", [["--prompt-lookup"], ["--lookahead", "--window", "3", "--ngram", "3"],
+                                    ["--prompt-lookup", "--draft", "smollm2-135m"]])
 def test_generate_reports_and_matches_the_target(method, capsys):
     cli.main(["generate", "--model", "smollm2-135m", *method, "--chat", "--max-new-tokens", "24",
               "--prompt", "Repeat this line twice: the quick brown fox jumps over the lazy dog"])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "speed-up:" in out and "acceptance rate:" in out and "mean accepted length" in out
     assert "identical to the target alone: yes" in out
+    if "--draft" in method:  # several proposer flags: one ensemble
+        assert "speculative (ensemble of prompt lookup, draft model smollm2-135m)" in captured.err
 
 
 @pytest.mark.real_model
@@ -37,7 +41,7 @@ def test_bench_writes_a_table_json_and_plot(tmp_path):
     stem = "bench_smollm2-135m_float32"
     record = json.loads((tmp_path / f"{stem}.json").read_text())
     methods = {"plain", "hf_prompt_lookup", "hf_assisted", "specdec_one_token", "specdec_prompt_lookup",
-               "specdec_lookahead", "specdec_draft", "specdec_draft_head20000"}
+               "specdec_lookahead", "specdec_draft", "specdec_draft_head20000", "specdec_hybrid"}
     assert {r["method"] for r in record["runs"]} == methods
     assert len(record["runs"]) == 2 * len(methods)  # one prompt of each set
     assert all(r["new_tokens"] == 6 and r["identical_to_plain"] for r in record["runs"])
@@ -67,12 +71,20 @@ def test_bench_runs_the_sets_of_a_prompt_file(tmp_path):
     path.write_text('{"prompt": "Say hello.", "set": "greet"}\n{"prompt": "Count to five."}\n'
                     '{"prompt": "Say goodbye.", "set": "greet"}\n')
     cli.main(["bench", "--model", "smollm2-135m", "--prompt-file", str(path), "--prompts", "1",
-              "--max-new-tokens", "4", "--out", str(tmp_path)])
+              "--max-new-tokens", "4", "--methods", "specdec_prompt_lookup", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "bench_smollm2-135m_float32.json").read_text())
     assert record["meta"]["prompt_file"] == str(path)
     assert [(r["prompt_set"], r["prompt"]) for r in record["runs"] if r["method"] == "plain"] == [
         ("greet", 0), ("custom", 0)]
-    assert {s["set"] for s in record["summary"]} == {"greet", "custom"}
+    assert {r["method"] for r in record["runs"]} == {"plain", "specdec_prompt_lookup"}
+    # Every set, and all of them together.
+    mixed = [s for s in record["summary"] if s["set"] == "mixed" and s["method"] == "specdec_prompt_lookup"]
+    assert {s["set"] for s in record["summary"]} == {"greet", "custom", "mixed"}
+    runs = [r for r in record["runs"] if r["method"] == "specdec_prompt_lookup"]
+    assert mixed[0]["tok/s"] == pytest.approx(sum(r["new_tokens"] for r in runs) / sum(r["seconds"] for r in runs))
+    with pytest.raises(SystemExit, match="no such rows"):
+        cli.main(["bench", "--model", "smollm2-135m", "--prompt-file", str(path), "--methods", "specdec_nothing",
+                  "--out", str(tmp_path)])
 
 
 def test_typical_needs_sampling():

@@ -18,7 +18,7 @@ from tiny_models import perturbed, tiny_lm
 
 import specdec
 from specdec.decoders import Proposal, StepResult
-from specdec.decoders.ensemble import member_steps, merge_proposals
+from specdec.decoders.ensemble import MIN_SAMPLES, member_steps, merge_proposals
 from specdec.trees import merge_paths
 
 
@@ -244,8 +244,8 @@ def test_every_method_keeps_to_a_node_budget(budget):
 
 
 def test_adaptive_cascade_skips_a_member_that_does_not_pay():
-    # A draft that never agrees, after prompt lookup, on steep pass costs: once measured (in
-    # each state: lookup proposed something or not) it drafts only on exploration steps.
+    # A draft that never agrees, after prompt lookup, on steep pass costs: once measured (a few
+    # steps in each state: lookup proposed something or not) it drafts only on exploration steps.
     target = tiny_lm("llama", seed=25)
     stranger = Recording(specdec.DraftModel(tiny_lm("llama", seed=123), 3))
     method = specdec.Ensemble(specdec.PromptLookup(), stranger)
@@ -256,7 +256,7 @@ def test_adaptive_cascade_skips_a_member_that_does_not_pay():
     called = [budget != 0 for _, _, budget, _ in stranger.steps]
     explored = [(i + 1) % 8 == 0 for i in range(len(called))]
     assert len(called) >= 16 and called[0] and all(c for c, e in zip(called, explored) if e)
-    assert sum(c and not e for c, e in zip(called, explored)) <= 2
+    assert sum(c and not e for c, e in zip(called, explored)) <= 2 * MIN_SAMPLES
     # A draft that always agrees keeps drafting.
     agreeing = Recording(specdec.DraftModel(target, 3))
     specdec.generate(target, torch.tensor([PROMPTS[0]]), max_new_tokens=40, eos_token_id=[], pass_costs=costs,

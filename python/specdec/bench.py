@@ -1,7 +1,8 @@
 """``specdec bench``: our decoders next to plain generation and HF's assisted and prompt-lookup
 generation, on the same prompts, machine and run (greedy). Writes a markdown table, JSON and a
 PNG plot under ``--out``. The prompts are two built-in sets (code generation, code editing) or
-the sets of a ``--prompt-file`` (``load_prompts``).
+the sets of a ``--prompt-file`` (``load_prompts``); with several sets, a "mixed" row per method
+sums them all (a workload of several kinds of prompts).
 
 Every method runs on the same (prepared, unless ``--no-accelerate``) target, so the plain
 baseline gets the same fast one-token pass as the decoders.
@@ -234,9 +235,21 @@ def main(args: argparse.Namespace) -> None:
     if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
         ours["specdec_draft"] = (specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True), {})
-        if args.draft_head_tokens:
-            ours[f"specdec_draft_head{args.draft_head_tokens}"] = (specdec.DraftModel(
-                draft, num_draft_tokens=8, adaptive=True, head_tokens=args.draft_head_tokens), {})
+        head = args.draft_head_tokens
+        if head:
+            ours[f"specdec_draft_head{head}"] = (specdec.DraftModel(
+                draft, num_draft_tokens=8, adaptive=True, head_tokens=head), {})
+        # Prompt lookup's candidates first, the draft where they do not pay (the reduced head if asked).
+        ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(
+            draft, num_draft_tokens=8, adaptive=True, head_tokens=head)), {})
+    if args.methods:
+        unknown = set(args.methods) - {"plain", *hf, *ours, *others}
+        if unknown:
+            raise SystemExit(f"specdec bench: --methods: no such rows {sorted(unknown)}; "
+                             f"choose from {sorted({*hf, *ours, *others})}")
+        hf = {k: v for k, v in hf.items() if k in args.methods}
+        ours = {k: v for k, v in ours.items() if k in args.methods}
+        others = {k: v for k, v in others.items() if k in args.methods}
     # The longest measured prompt, so the warm-up's prefill is as long as any measured one.
     warm = _encode(tok, max((p for ps in sets.values() for p in ps[: args.prompts]), key=len),
                    chat=True)
@@ -277,18 +290,24 @@ def main(args: argparse.Namespace) -> None:
                                     st.tokens_per_second, torch.equal(out, reference),
                                     st.target_forwards, st.new_tokens / st.target_forwards,
                                     st.acceptance_rate, _greedy_prefix(out, reference),
-                                    None if kw.get("do_sample") else torch.equal(out, one_token)))
+                                    None if kw.get("do_sample") or one_token is None
+                                    else torch.equal(out, one_token)))
             print(_table([r for r in runs if r.prompt_set == set_name and r.prompt == i]), flush=True)
     _write(args, runs, costs)
 
 
+MIXED = "mixed"  # every set's prompts together (a workload of several kinds of prompts)
+
+
 def _summary(runs: list[Run]) -> list[dict]:
     rows = []
-    for set_name in dict.fromkeys(r.prompt_set for r in runs):
-        plain = [r for r in runs if r.prompt_set == set_name and r.method == "plain"]
+    sets = list(dict.fromkeys(r.prompt_set for r in runs))
+    for set_name in sets + ([MIXED] if len(sets) > 1 else []):
+        in_set = [r for r in runs if set_name in (MIXED, r.prompt_set)]
+        plain = [r for r in in_set if r.method == "plain"]
         base = sum(r.new_tokens for r in plain) / sum(r.seconds for r in plain)
         for method in dict.fromkeys(r.method for r in runs):
-            rs = [r for r in runs if r.prompt_set == set_name and r.method == method]
+            rs = [r for r in in_set if r.method == method]
             rate = sum(r.new_tokens for r in rs) / sum(r.seconds for r in rs)
             passes = [r.target_passes for r in rs if r.target_passes]
             rows.append({

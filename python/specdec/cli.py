@@ -70,6 +70,29 @@ def _encode(tokenizer, text: str, chat: bool) -> torch.Tensor:
     return tokenizer(text, return_tensors="pt").input_ids
 
 
+def _method(args: argparse.Namespace, target, tokenizer, draft):
+    """The proposer flags' method: one of them, or several as an Ensemble (cheapest first:
+    prompt lookup, lookahead, Medusa, draft model); None without any."""
+    import specdec
+
+    cap = args.num_draft_tokens
+    members = []
+    if args.prompt_lookup:
+        members.append(specdec.PromptLookup(**({} if cap is None else {"max_draft_tokens": cap})))
+    if args.lookahead:
+        members.append(specdec.Lookahead(window=args.window, ngram=args.ngram, guess_set=args.guess_set,
+                                         **({} if cap is None else {"copy_tokens": cap})))
+    if args.medusa:
+        members.append(specdec.Medusa(medusa_heads(args, target, tokenizer), tree=args.medusa_tree,
+                                      **({} if cap is None else {"max_nodes": cap})))
+    if draft is not None:
+        members.append(specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens,
+                                          **({} if cap is None else {"max_draft_tokens": cap})))
+    if len(members) > 1:
+        return specdec.Ensemble(*members)
+    return members[0] if members else None
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     from transformers import TextStreamer
 
@@ -79,19 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if args.typical is not None and not args.sample:
         sys.exit("specdec generate: --typical is a sampling mode: add --sample")
     target, tokenizer, draft = load_models(args)
-    cap = {} if args.num_draft_tokens is None else {"max_draft_tokens": args.num_draft_tokens}
-    if draft is not None:
-        method = specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens, **cap)
-    elif args.prompt_lookup:
-        method = specdec.PromptLookup(**cap)
-    elif args.lookahead:
-        method = specdec.Lookahead(window=args.window, ngram=args.ngram, guess_set=args.guess_set,
-                                   **({} if args.num_draft_tokens is None else {"copy_tokens": args.num_draft_tokens}))
-    elif args.medusa:
-        method = specdec.Medusa(medusa_heads(args, target, tokenizer), tree=args.medusa_tree,
-                                **({} if args.num_draft_tokens is None else {"max_nodes": args.num_draft_tokens}))
-    else:
-        method = None
+    method = _method(args, target, tokenizer, draft)
     typical = None if args.typical is None else specdec.TypicalAcceptance(args.typical, args.typical_alpha)
     input_ids = _encode(tokenizer, text, args.chat)
     sample = dict(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -135,13 +146,14 @@ def _hf_sampling(sample: dict) -> dict:
 
 
 def _describe(args: argparse.Namespace) -> str:
-    if args.draft:
-        return f"draft model {args.draft}"
-    if args.medusa:
-        return f"Medusa heads {args.medusa}"
-    if args.lookahead:
-        return f"lookahead W={args.window} N={args.ngram} G={args.guess_set}"
-    return "prompt lookup" if args.prompt_lookup else "no proposer"
+    names = [name for name, given in (
+        ("prompt lookup", args.prompt_lookup),
+        (f"lookahead W={args.window} N={args.ngram} G={args.guess_set}", args.lookahead),
+        (f"Medusa heads {args.medusa}", args.medusa),
+        (f"draft model {args.draft}", args.draft)) if given]
+    if len(names) > 1:
+        return "ensemble of " + ", ".join(names)
+    return names[0] if names else "no proposer"
 
 
 def cmd_models(args: argparse.Namespace) -> None:
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
 
     g = sub.add_parser("generate", help="generate with speculative decoding and compare with the target alone")
     _add_model_args(g)
-    proposer = g.add_mutually_exclusive_group()
+    proposer = g.add_argument_group("proposers (several: an Ensemble, verified in one pass)")
     proposer.add_argument("--draft", help="draft model (same tokenizer as the target)")
     proposer.add_argument("--prompt-lookup", action="store_true", help="prompt lookup decoding")
     proposer.add_argument("--lookahead", action="store_true",
@@ -242,6 +254,9 @@ def main(argv: list[str] | None = None) -> None:
                         "newline), or .jsonl objects {\"prompt\": ..., \"set\": ...} (docs/benchmarks.md)")
     b.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
     b.add_argument("--repeats", type=int, default=1, help="runs of every method per prompt (interleaved)")
+    b.add_argument("--methods", nargs="+", default=None, metavar="NAME",
+                   help="run only these rows (plain always runs: it is the reference), e.g. "
+                        "hf_assisted specdec_draft specdec_hybrid")
     b.add_argument("--out", default="bench/results", help="folder for the JSON, markdown and PNG")
     b.set_defaults(func=cmd_bench)
 

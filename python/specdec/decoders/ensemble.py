@@ -33,6 +33,15 @@ from specdec.trees import merge_paths
 
 # Exploration: every this many steps every member proposes, so that their estimates stay current.
 EXPLORE_EVERY = 8
+MIN_SAMPLES = 3
+# What a later member adds depends on what the earlier ones proposed: nothing, a short guess,
+# or a long copy (prompt lookup proposes long chains where text is being copied).
+STATES = (0, 1, 2)
+
+
+def _state(nodes: int) -> int:
+    """The state of a step whose earlier members proposed ``nodes`` nodes: 0 none, 1 up to 4, 2 more."""
+    return 0 if nodes == 0 else 1 if nodes <= 4 else 2
 MIXES = ("union", "average")
 
 
@@ -113,12 +122,15 @@ class Ensemble:
 
 @dataclass
 class _Mean:
-    """A running mean (None until the first value)."""
+    """The mean of the first values, then a running mean (None until the first value)."""
 
     value: float | None = None
+    count: int = 0
 
     def observe(self, x: float, smoothing: float = 0.2) -> None:
-        self.value = x if self.value is None else (1 - smoothing) * self.value + smoothing * x
+        self.count += 1
+        weight = max(smoothing, 1 / self.count)
+        self.value = x if self.value is None else (1 - weight) * self.value + weight * x
 
 
 class _UnionProposer:
@@ -126,11 +138,9 @@ class _UnionProposer:
         self.method, self.proposers, self.costs = method, proposers, costs
         self.steps = 0
         n = len(proposers)
-        # Per member and state (0: the members before it proposed nothing, 1: something):
-        # tokens emitted without it, tokens it added, nodes it added; and its ms per proposal.
-        self.base = [[_Mean(), _Mean()] for _ in range(n)]
-        self.gain = [[_Mean(), _Mean()] for _ in range(n)]
-        self.nodes = [[_Mean(), _Mean()] for _ in range(n)]
+        # Per member and state (how much the members before it proposed, `_state`): tokens
+        # emitted without it, tokens it added, nodes it added; and its ms per proposal.
+        self.base, self.gain, self.nodes = ([[_Mean() for _ in STATES] for _ in range(n)] for _ in range(3))
         self.ms = [_Mean() for _ in range(n)]
         self.proposals: list[Proposal] = []
         self.index: list[Tensor] = []
@@ -141,10 +151,11 @@ class _UnionProposer:
 
     def _pays(self, j: int, state: int, width: int, costs: CostModel) -> bool:
         """Whether member j, after members proposing ``width`` nodes, is expected to raise the
-        emitted tokens per ms (True until measured)."""
-        base, gain, nodes = (x[j][state].value for x in (self.base, self.gain, self.nodes))
-        if base is None:
+        emitted tokens per ms (True until measured on ``MIN_SAMPLES`` steps: one unlucky step
+        would otherwise stop a member until the next exploration)."""
+        if self.base[j][state].count < MIN_SAMPLES:
             return True
+        base, gain, nodes = (x[j][state].value for x in (self.base, self.gain, self.nodes))
         cost = costs.target
         return (base + gain) / (cost(width + nodes) + (self.ms[j].value or 0.0)) > base / cost(width)
 
@@ -155,7 +166,7 @@ class _UnionProposer:
         self.proposals, self.called, self.states = [], [], []
         width = 1  # nodes so far (an upper bound: members' trees may share nodes)
         for j, proposer in enumerate(self.proposers):
-            state = int(width > 1)
+            state = _state(width - 1)
             call = j == 0 or explore or self._pays(j, state, width, ctx.costs)
             room = None if ctx.max_nodes is None else max(ctx.max_nodes - (width - 1), 0)
             start = time.perf_counter()
