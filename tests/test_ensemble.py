@@ -13,7 +13,7 @@ import torch
 from support import assert_all_raise, random_parents
 from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
 from test_lookahead import Recorder, assert_nodes_compute_what_they_see
-from test_medusa import OracleHeads, random_heads
+from test_medusa import oracle_setup, random_heads
 from tiny_models import perturbed, tiny_lm
 
 import specdec
@@ -201,11 +201,7 @@ def test_average_greedy_identity_and_mixture():
 def test_medusa_member_reads_the_hidden_state_at_the_true_last_node():
     # Oracle heads find the position of the hidden state they are given: with the member's own
     # last node instead of the step's, they would propose for the wrong position.
-    target = tiny_lm("llama", seed=31)
-    prompt = PROMPTS[0]
-    future = hf_greedy(target, prompt, 24)
-    oracle = OracleHeads(target, prompt, future)
-    oracle.reference = tiny_lm("llama", seed=31)
+    target, prompt, future, oracle = oracle_setup()
     medusa = specdec.Medusa(oracle, tree=[(0,), (0, 0), (0, 0, 0), (1,)])
     method = specdec.Ensemble(specdec.PromptLookup(adaptive=False, num_draft_tokens=2), medusa, adaptive=False)
     out = specdec.generate(target, torch.tensor([prompt]), max_new_tokens=24, eos_token_id=[], method=method)

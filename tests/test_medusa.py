@@ -51,12 +51,18 @@ class OracleHeads(torch.nn.Module):
         return ids, torch.log_softmax(torch.arange(k, 0, -1).float(), 0).expand(1, 3, k)
 
 
-def test_heads_aligned_with_the_loops_hidden_states():
+def oracle_setup():
+    """A tiny target, a prompt, the target's next 24 greedy tokens and oracle heads for them."""
     target = tiny_lm("llama", seed=31)
     prompt = PROMPTS[0]
     future = hf_greedy(target, prompt, 24)
     oracle = OracleHeads(target, prompt, future)
     oracle.reference = tiny_lm("llama", seed=31)
+    return target, prompt, future, oracle
+
+
+def test_heads_aligned_with_the_loops_hidden_states():
+    target, prompt, future, oracle = oracle_setup()
     out = specdec.generate(target, torch.tensor([prompt]), max_new_tokens=24, eos_token_id=[],
                            method=specdec.Medusa(oracle, tree=[(0,), (0, 0), (0, 0, 0), (1,)]))
     assert out.sequences[0, len(prompt):].tolist() == future
