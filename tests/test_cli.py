@@ -87,6 +87,17 @@ def test_bench_runs_the_sets_of_a_prompt_file(tmp_path):
                   "--out", str(tmp_path)])
 
 
+def test_bad_lookahead_settings_exit_with_a_message_before_loading_models(monkeypatch):
+    def no_models(args):
+        raise AssertionError("models loaded before the lookahead settings were checked")
+
+    monkeypatch.setattr(cli, "load_models", no_models)
+    for flag, value, match in [("--window", "0", "window must be >= 1"), ("--ngram", "1", "ngram must be >= 2"),
+                               ("--guess-set", "-1", "guess_set must be >= 0")]:
+        with pytest.raises(SystemExit, match=f"specdec generate: Lookahead: {match}"):
+            cli.main(["generate", "--model", "smollm2-135m", "--lookahead", flag, value, "--prompt", "x"])
+
+
 def test_typical_needs_sampling():
     with pytest.raises(SystemExit, match="--sample"):
         cli.main(["generate", "--model", "smollm2-135m", "--prompt-lookup", "--typical", "0.09",

@@ -101,6 +101,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     text = _prompt_text(args)  # argument errors before any model is loaded
     if args.typical is not None and not args.sample:
         sys.exit("specdec generate: --typical is a sampling mode: add --sample")
+    if args.lookahead:  # its settings' errors as messages, before any model is loaded
+        try:
+            specdec.Lookahead(window=args.window, ngram=args.ngram, guess_set=args.guess_set)
+        except ValueError as e:
+            sys.exit(f"specdec generate: {e}")
     target, tokenizer, draft = load_models(args)
     method = _method(args, target, tokenizer, draft)
     typical = None if args.typical is None else specdec.TypicalAcceptance(args.typical, args.typical_alpha)
