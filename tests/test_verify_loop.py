@@ -158,6 +158,62 @@ def test_trailing_padding_is_not_computed_on_cpu():
     assert method.widths and max(method.widths) <= 1 + 4 + 2 * 4  # never the 20 padding nodes
 
 
+@dataclass
+class FirstRowChains:
+    """Proposes three wrong candidates for row 0 and nothing for the other rows; records the
+    width of every pass as run and which rows had stopped."""
+
+    widths: list = field(default_factory=list)
+    max_pass_tokens = 4
+    models = ()
+    needs_hidden_states = False
+
+    def start(self, target, ctx, prompt, prompt_len, max_length, first):
+        return self
+
+    def propose(self, ctx):
+        tokens = torch.full((ctx.tokens.shape[0], 4), -1)
+        tokens[:, 0] = ctx.roots()[:, 0]
+        tokens[0, 1:] = 95  # a chain the tiny model never takes
+        return Proposal(tokens, torch.arange(-1, 3).expand_as(tokens))
+
+    def update(self, ctx, step):
+        self.widths.append((step.proposal.width, bool(ctx.finished[0])))
+
+
+def test_rows_that_stopped_propose_nothing():
+    # Row 0 stops at its EOS after 3 tokens; its candidates would keep every later pass 4 wide.
+    target = tiny_lm("llama", seed=3)
+    eos = hf_greedy(target, PROMPTS[0], 24, eos=[])[2]
+    method = FirstRowChains()
+    assert_greedy_identity(target, PROMPTS[:2], method, eos=eos)
+    stopped = [width for width, done in method.widths if done]
+    assert method.widths[0][0] == 4 and len(stopped) > 5 and set(stopped[1:]) == {1}
+
+
+def test_a_batch_prices_a_pass_by_all_its_tokens():
+    from specdec.cost_model import AcceptanceEstimate, CostModel
+
+    profile = {1: 50.0, 2: 51.0, 4: 53.0, 8: 60.0, 16: 110.0, 32: 220.0}  # one row over k tokens
+    likely = AcceptanceEstimate(prior=0.6)
+    assert CostModel(profile).best_length(likely, 8) > 2  # one row: candidates are nearly free
+    assert CostModel(profile, rows=8).best_length(likely, 8) == 0  # 8 rows: 8 tokens per candidate
+    # Measured passes are kept by tokens, so one row's profile and a batch's passes combine.
+    costs = CostModel(dict(profile), rows=4)
+    costs.observe_target(2, 70.0)
+    assert costs.target_ms[8] == pytest.approx(0.8 * 60.0 + 0.2 * 70.0) and costs.target(2) == costs.target_ms[8]
+
+
+def test_costs_known_only_for_wide_passes_do_not_keep_passes_wide():
+    from specdec.cost_model import AcceptanceEstimate, CostModel
+
+    # Only a 33-token pass measured so far: narrower passes are priced by their tokens (then
+    # tried and measured), not as dear as the wide one, which would pick the widest forever.
+    costs = CostModel({33: 330.0})
+    assert costs.target(1) == pytest.approx(10.0)
+    assert costs.best_length(AcceptanceEstimate(prior=0.5), 32) < 32
+
+
 SAMPLING = dict(do_sample=True, temperature=0.9, top_p=0.95)
 
 

@@ -12,16 +12,34 @@ from dataclasses import dataclass, field
 
 @dataclass
 class CostModel:
-    """Pass costs (ms) of the target over k tokens, from `specdec.profile_passes` and/or
-    measured during decoding, and the draft's cost per drafted token."""
+    """Pass costs (ms) of the target by the number of tokens in the pass, from
+    `specdec.profile_passes` (one row over k tokens) and/or measured during decoding, and the
+    draft's cost per drafted token (for the whole batch).
+
+    ``rows``: the batch size. ``target(k)`` prices a pass of k nodes per row, that is of
+    ``rows * k`` tokens: on a CPU a pass costs about what its tokens cost, whatever the rows
+    (the linear layers see rows x nodes rows), so a batch of 8 pays for 8 candidates per
+    candidate position and proposes only what pays for that.
+
+    Example:
+        >>> profile = {1: 50.0, 8: 60.0, 32: 200.0}   # one row over k tokens, ms
+        >>> round(CostModel(profile).target(4), 1), CostModel(profile, rows=8).target(4)
+        (54.3, 200.0)
+    """
 
     target_ms: dict[int, float] = field(default_factory=dict)
     draft_ms_per_token: float = 0.0
     smoothing: float = 0.2  # weight of a new measurement
+    rows: int = 1
+    # Nodes per row that others add to the same pass (an ensemble's other members): a proposer
+    # sizing its own nodes pays the pass they make together.
+    extra: int = 0
 
     def observe_target(self, k: int, ms: float) -> None:
-        old = self.target_ms.get(k)
-        self.target_ms[k] = ms if old is None else (1 - self.smoothing) * old + self.smoothing * ms
+        """A pass of k nodes per row took ``ms``."""
+        n = k * self.rows
+        old = self.target_ms.get(n)
+        self.target_ms[n] = ms if old is None else (1 - self.smoothing) * old + self.smoothing * ms
 
     def observe_draft(self, ms_per_token: float) -> None:
         old = self.draft_ms_per_token
@@ -29,13 +47,17 @@ class CostModel:
             (1 - self.smoothing) * old + self.smoothing * ms_per_token)
 
     def target(self, k: int) -> float:
-        """Cost of a target pass over k tokens: piecewise-linear in the known points, flat
-        beyond them (1.0 for every k when nothing is known)."""
+        """Cost of a target pass of k nodes per row (``rows * (k + extra)`` tokens): piecewise-linear in
+        the known points, flat above them, proportional to the tokens below them (1.0 for every
+        k when nothing is known). Below, the cost is underestimated rather than over: a
+        narrower pass then gets tried, measured, and the estimate corrects itself, where a flat
+        one would keep every pass as wide as the first measured."""
         if not self.target_ms:
             return 1.0
+        k = (k + self.extra) * self.rows
         ks = sorted(self.target_ms)
         if k <= ks[0]:
-            return self.target_ms[ks[0]]
+            return self.target_ms[ks[0]] * k / ks[0]
         if k >= ks[-1]:
             return self.target_ms[ks[-1]]
         hi = next(i for i in ks if i >= k)

@@ -11,6 +11,7 @@ A method is only its proposer.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -79,8 +80,8 @@ def generate(
         pad_token_id: fills each row after it stops (default: the model's, else EOS, else 0).
         streamer: a `transformers` streamer (``put``/``end``); batch size 1 only.
         generator: a ``torch.Generator`` that seeds sampling (default: torch's global one).
-        pass_costs: ms per target pass over k tokens (``specdec.profile_passes``), used by
-            adaptive methods.
+        pass_costs: ms per target pass over k tokens (``specdec.profile_passes``: one row),
+            used by adaptive methods; a batch's pass of B rows x k nodes is priced as B k tokens.
         typical: ``specdec.TypicalAcceptance(...)``: Medusa's typical acceptance, LOSSY (the
             output no longer follows the target's distribution exactly; more candidates are
             accepted). Sampling only, deterministic candidates only. Default: exact.
@@ -130,7 +131,7 @@ def generate(
         finished=torch.zeros(B, dtype=torch.bool, device=device),
         sampling=sampling,
         streams=streams,
-        costs=CostModel(dict(pass_costs or {})),
+        costs=CostModel(dict(pass_costs or {}), rows=B),
     )
     ctx.tokens[:, :S] = prompt
     stats = GenerateStats()
@@ -158,6 +159,10 @@ def generate(
             proposer = method.start(model, ctx, prompt, prompt_len, max_length, step)
         while not bool(ctx.finished.all()):
             proposal = proposer.propose(ctx) if proposer else Proposal(ctx.roots(), _no_parent(B, device))
+            # Rows that have stopped are still computed (their roots) but verify nothing: their
+            # candidates would only widen the batch's pass.
+            proposal = dataclasses.replace(proposal, tokens=torch.where(
+                ctx.finished[:, None] & proposal.is_candidate(), -1, proposal.tokens))
             if device.type == "cpu":  # run the real nodes only: a host read is free here
                 proposal = _without_trailing_padding(proposal)
             mask, positions = node_layout(proposal.parents, cache.lengths, proposal.attention_mask,

@@ -146,7 +146,7 @@ class _UnionProposer:
         self.index: list[Tensor] = []
         self.called: list[bool] = []
         self.states: list[int] = []
-        self.added: list[int] = []
+        self.added: list[int] = [0] * n
         self.live = torch.zeros(0)
 
     def _pays(self, j: int, state: int, width: int, costs: CostModel) -> bool:
@@ -168,6 +168,9 @@ class _UnionProposer:
         for j, proposer in enumerate(self.proposers):
             state = _state(width - 1)
             call = j == 0 or explore or self._pays(j, state, width, ctx.costs)
+            # A member sizes its nodes for the pass it shares: the earlier members' nodes of
+            # this step and what the later ones added last step.
+            self.costs[j].extra = width - 1 + sum(self.added[j + 1:])
             room = None if ctx.max_nodes is None else max(ctx.max_nodes - (width - 1), 0)
             start = time.perf_counter()
             proposal = proposer.propose(dataclasses.replace(ctx, costs=self.costs[j],

@@ -1,0 +1,134 @@
+"""Batched decoding: tokens per second against batch size, ours next to HF's batched generate.
+
+Each batch mixes three kinds of prompts, in turn: code generation, code editing (the answer
+copies the prompt) and short chat questions; rows are left-padded as for batched generation.
+For each batch size, interleaved: HF ``generate`` (batched, greedy), our ``method=None`` (one
+token per pass), and each method given; every output is checked identical to our one-token
+decoding of the same batch. Writes ``bench/results/batch_sizes-<model>-<dtype>.{json,md,png}``.
+
+    python bench/batch_sizes.py --model qwen2.5-coder-0.5b --sizes 1,2,4,8,16
+
+Run it on an idle machine: the numbers are wall-clock, ratios from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import specdec
+import torch
+from specdec import models
+from specdec.bench import EDITING_PROMPTS, GENERATION_PROMPTS
+from specdec.cli import _encode, pad_token_id
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CHAT_PROMPTS = ["What is the difference between a list and a tuple in Python?",
+                "Name three sorting algorithms and when to use each."]
+METHODS = {"prompt_lookup": lambda: specdec.PromptLookup(), "lookahead": lambda: specdec.Lookahead()}
+
+
+def mixed_prompts(n: int) -> list[str]:
+    """n prompts taking the kinds in turn: generation, editing, chat, generation, ..."""
+    kinds = [GENERATION_PROMPTS, EDITING_PROMPTS, CHAT_PROMPTS]
+    return [kinds[i % 3][(i // 3) % len(kinds[i % 3])] for i in range(n)]
+
+
+def batch(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and attention mask of the prompts as chat turns."""
+    rows = [_encode(tok, p, chat=True)[0] for p in prompts]
+    S = max(len(r) for r in rows)
+    pad = pad_token_id(tok)
+    ids = torch.stack([torch.cat([torch.full((S - len(r),), pad), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(S - len(r), dtype=torch.long), torch.ones(len(r), dtype=torch.long)])
+                        for r in rows])
+    return ids, mask
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--sizes", default="1,2,4,8,16")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"of {sorted(METHODS)}")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = models.load(args.model, dtype=DTYPES[args.dtype])
+    specdec.accelerate_verification(model)
+    pad = pad_token_id(tok)
+    methods = {"specdec_one_token": lambda: None,
+               **{f"specdec_{m}": METHODS[m] for m in args.methods.split(",") if m}}
+    ids, mask = batch(tok, mixed_prompts(2))  # warm-up: first passes pay for kernel generation
+    model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=pad)
+    for make in methods.values():
+        specdec.generate(model, ids, attention_mask=mask, max_new_tokens=4, method=make(), pad_token_id=pad)
+    rows = []
+    for B in [int(b) for b in args.sizes.split(",")]:
+        ids, mask = batch(tok, mixed_prompts(B))
+        S, N = ids.shape[1], args.new_tokens
+        start = time.perf_counter()
+        with torch.inference_mode():
+            hf = model.generate(ids, attention_mask=mask, max_new_tokens=N, do_sample=False, pad_token_id=pad,
+                                temperature=None, top_k=None, top_p=None)
+        secs = time.perf_counter() - start
+        hf_new = int((hf[:, S:] != pad).sum())
+        rows.append({"batch": B, "method": "hf_batched", "tokens": hf_new, "seconds": secs,
+                     "tok/s": hf_new / secs, "passes": None, "= one-token": None})
+        reference = None
+        for name, make in methods.items():
+            out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=N, method=make(), pad_token_id=pad)
+            st = out.stats
+            reference = out.sequences if reference is None else reference
+            rows.append({"batch": B, "method": name, "tokens": st.new_tokens, "seconds": st.wall_time_s,
+                         "tok/s": st.tokens_per_second, "passes": st.target_forwards,
+                         "= one-token": torch.equal(out.sequences, reference)})
+        print("\n".join(_table([r for r in rows if r["batch"] == B]).splitlines()[2:]), flush=True)
+    _write(args, rows)
+
+
+def _table(rows: list[dict]) -> str:
+    lines = ["| batch | method | tokens | tok/s | vs HF batched | target passes | = one-token |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        hf = next(x for x in rows if x["batch"] == r["batch"] and x["method"] == "hf_batched")
+        same = {None: "", True: "yes", False: "NO"}[r["= one-token"]]
+        lines.append(f"| {r['batch']} | {r['method']} | {r['tokens']} | {r['tok/s']:.1f} "
+                     f"| {r['tok/s'] / hf['tok/s']:.2f}x | {r['passes'] or ''} | {same} |")
+    return "\n".join(lines)
+
+
+def _write(args, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"batch_sizes-{Path(args.model).name}-{args.dtype}"
+    meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens,
+            "threads": torch.get_num_threads()}
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    stem.with_suffix(".md").write_text(_table(rows) + "\n")
+    print(_table(rows))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        rs = [r for r in rows if r["method"] == method]
+        ax.plot([r["batch"] for r in rs], [r["tok/s"] for r in rs], marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (mixed prompts)")
+    ax.set_ylabel("tokens per second")
+    ax.set_title(f"{args.model} {args.dtype}, {args.new_tokens} new tokens, greedy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()
