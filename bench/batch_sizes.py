@@ -111,11 +111,11 @@ def _write(args, rows: list[dict]) -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"batch_sizes-{Path(args.model).name}-{args.dtype}"
+    stem = f"batch_sizes-{Path(args.model).name}-{args.dtype}"
     meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens,
             "threads": torch.get_num_threads()}
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    stem.with_suffix(".md").write_text(_table(rows) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / f"{stem}.md").write_text(_table(rows) + "\n")
     print(_table(rows))
     fig, ax = plt.subplots(figsize=(6, 4))
     for method in dict.fromkeys(r["method"] for r in rows):
@@ -127,7 +127,7 @@ def _write(args, rows: list[dict]) -> None:
     ax.set_title(f"{args.model} {args.dtype}, {args.new_tokens} new tokens, greedy")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=110)
+    fig.savefig(out / f"{stem}.png", dpi=110)
 
 
 if __name__ == "__main__":

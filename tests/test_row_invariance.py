@@ -95,7 +95,9 @@ def decoders(target, dtype):
 def test_every_decoder_is_greedy_identical_to_one_token_decoding_in_bf16(family):
     target = tiny(family, torch.bfloat16)
     ids, mask = left_padded(PROMPTS)
-    kw = dict(max_new_tokens=32, attention_mask=mask, pad_token_id=2, eos_token_id=[])
+    # Not paced: what the methods propose (and the acceptance asserted below) then does not
+    # depend on measured times.
+    kw = dict(max_new_tokens=32, attention_mask=mask, pad_token_id=2, eos_token_id=[], pace=False)
     want = specdec.generate(target, ids, method=None, **kw).sequences
     for b in range(len(PROMPTS)):  # batch 1 too
         row = specdec.generate(target, ids[b:b + 1], method=None, **{**kw, "attention_mask": mask[b:b + 1]})

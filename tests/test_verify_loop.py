@@ -302,3 +302,22 @@ def test_bad_inputs_get_clear_errors():
     out = specdec.generate(target, torch.tensor([[1, 2, 3]]), max_new_tokens=5,
                            method=specdec.DraftModel(bigger, shared_vocab=90))
     assert torch.equal(out.sequences[0, 3:], torch.tensor(hf_greedy(target, [1, 2, 3], 5)))
+
+
+def test_a_batch_falls_back_to_one_token_passes_while_they_are_faster():
+    from test_ensemble import Recording
+
+    # A draft that never agrees: its steps advance the slowest row 1 token, like a one-token
+    # step, and cost its drafting on top, whatever the machine's speed.
+    target = tiny_lm("llama", seed=3)
+    stranger = Recording(specdec.DraftModel(tiny_lm("llama", seed=123), 4))
+    out = assert_greedy_identity(target, PROMPTS[:2], stranger, max_new=48, pace=True)
+    budgets = [budget for _, _, budget, _ in stranger.steps]
+    assert budgets[:2] == [None, None]  # measured first
+    later = budgets[16:]
+    assert len(later) > 20 and later.count(0) >= 0.7 * len(later)
+    assert out.stats.total_proposed > 0  # and it keeps trying now and then
+    # One row is never paced: its methods size themselves from the pass costs.
+    single = Recording(specdec.DraftModel(tiny_lm("llama", seed=123), 4))
+    assert_greedy_identity(target, PROMPTS[:1], single, max_new=24, pace=True)
+    assert all(budget is None for _, _, budget, _ in single.steps)

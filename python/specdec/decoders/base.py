@@ -19,6 +19,7 @@ from torch import Tensor
 
 from specdec.cache import SpecCache
 from specdec.cost_model import CostModel
+from specdec.decoders.pacing import Pacing
 from specdec.decoders.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.decoders.stats import GenerateOutput, GenerateStats
 from specdec.decoders.verify import Verifier
@@ -60,6 +61,7 @@ def generate(
     generator: torch.Generator | None = None,
     pass_costs: dict[int, float] | None = None,
     typical: TypicalAcceptance | None = None,
+    pace: bool = True,
 ) -> GenerateOutput:
     """Generates with speculative decoding; the output is the target's own.
 
@@ -85,6 +87,9 @@ def generate(
         typical: ``specdec.TypicalAcceptance(...)``: Medusa's typical acceptance, LOSSY (the
             output no longer follows the target's distribution exactly; more candidates are
             accepted). Sampling only, deterministic candidates only. Default: exact.
+        pace: batches (B > 1) only: while steps without candidates advance the batch's slowest
+            row faster per ms than the method's steps (measured as decoding goes), decode one
+            token per pass (`specdec.decoders.pacing`). False: the method proposes every step.
 
     Returns:
         ``GenerateOutput(sequences, stats)``: ``sequences [B, S + max_new_tokens]`` is the input
@@ -147,6 +152,10 @@ def generate(
         logits, hidden = out if hidden_wanted else (out, None)
         first = verifier.choose(logits, prompt_len)
         stats.prefill_time_s = time.perf_counter() - start
+        if B > 1 and device.type == "cpu" and not pass_costs:
+            # A batch's first point of the cost curve: the prompt's pass (B x S tokens), so the
+            # first steps are not sized as if every pass cost the same.
+            ctx.costs.observe_target(S, stats.prefill_time_s * 1e3)
         stats.target_forwards += 1
         generated = torch.zeros(B, dtype=torch.long, device=device)
         _emit(ctx, first[:, None], torch.ones_like(generated), generated, max_new_tokens, eos, streamer)
@@ -157,8 +166,12 @@ def generate(
             step = StepResult(Proposal(root, torch.full_like(root, -1)), zeros[:, None], zeros, first,
                               logits[:, None], None if hidden is None else hidden[:, None])
             proposer = method.start(model, ctx, prompt, prompt_len, max_length, step)
+        pacing = Pacing() if pace and proposer is not None and B > 1 else None
         while not bool(ctx.finished.all()):
-            proposal = proposer.propose(ctx) if proposer else Proposal(ctx.roots(), _no_parent(B, device))
+            step_start = time.perf_counter()
+            budget = pacing.budget() if pacing is not None else None
+            step_ctx = ctx if budget is None else dataclasses.replace(ctx, max_nodes=budget)
+            proposal = proposer.propose(step_ctx) if proposer else Proposal(ctx.roots(), _no_parent(B, device))
             # Rows that have stopped are still computed (their roots) but verify nothing: their
             # candidates would only widen the batch's pass.
             proposal = dataclasses.replace(proposal, tokens=torch.where(
@@ -190,6 +203,11 @@ def generate(
             _emit(ctx, emitted, torch.where(live, n + 1, 0), generated, max_new_tokens, eos, streamer)
             if proposer:
                 proposer.update(ctx, StepResult(proposal, path, n, nxt, logits, hidden))
+            if pacing is not None:  # the slowest row that is still going: what ends the batch
+                going = live & ~ctx.finished
+                if bool(going.any()):
+                    slowest = int(torch.where(going, n + 1, n.new_tensor(1 << 30)).min())
+                    pacing.observe(slowest, (time.perf_counter() - step_start) * 1e3)
     if streamer is not None:
         streamer.end()
     stats.new_tokens = int(generated.sum())

@@ -160,7 +160,7 @@ class _UnionProposer:
         return (base + gain) / (cost(width + nodes) + (self.ms[j].value or 0.0)) > base / cost(width)
 
     def propose(self, ctx: Context) -> Proposal:
-        self.steps += 1
+        self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         explore = not self.method.adaptive or self.steps % EXPLORE_EVERY == 0
         on_cpu = ctx.tokens.device.type == "cpu"
         self.proposals, self.called, self.states = [], [], []

@@ -191,7 +191,7 @@ class _LookaheadProposer:
 
     def propose(self, ctx: Context) -> Proposal:
         m = self.method
-        self.steps += 1
+        self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         root = ctx.roots()
         copy = self.copy.propose(ctx, explore=self.steps % EXPLORE_EVERY == 0) if self.copy else None
         g, w = self._sizes(ctx, 0 if copy is None else copy.shape[1])

@@ -84,7 +84,7 @@ class _LookupProposer:
 
     def propose(self, ctx: Context) -> Proposal:
         m = self.method
-        self.steps += 1
+        self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         root = ctx.roots()
         main = self.main.propose(ctx, explore=self.steps % 8 == 0)
         if main is None:
