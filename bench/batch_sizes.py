@@ -20,11 +20,10 @@ from pathlib import Path
 
 import specdec
 import torch
-from specdec import models
+from prepared import DTYPES, prepared_model
 from specdec.bench import EDITING_PROMPTS, GENERATION_PROMPTS
 from specdec.cli import _encode, pad_token_id
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CHAT_PROMPTS = ["What is the difference between a list and a tuple in Python?",
                 "Name three sorting algorithms and when to use each."]
 METHODS = {"prompt_lookup": lambda: specdec.PromptLookup(), "lookahead": lambda: specdec.Lookahead()}
@@ -57,10 +56,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok = models.load(args.model, dtype=DTYPES[args.dtype])
-    specdec.accelerate_verification(model)
+    model, tok = prepared_model(args)
     pad = pad_token_id(tok)
     methods = {"specdec_one_token": lambda: None,
                **{f"specdec_{m}": METHODS[m] for m in args.methods.split(",") if m}}

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import specdec
 import torch
-from specdec import models
+from prepared import DTYPES, prepared_model
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def long_prompt(tok, n: int) -> torch.Tensor:
@@ -57,10 +56,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok = models.load(args.model, dtype=DTYPES[args.dtype])
-    specdec.accelerate_verification(model)
+    model, tok = prepared_model(args)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
     def hf(ids, new, **kw):
