@@ -18,6 +18,7 @@ from tiny_models import perturbed, tiny_lm
 
 import specdec
 from specdec.decoders import Proposal, StepResult
+from specdec.cost_model import EXPLORE_EVERY
 from specdec.decoders.ensemble import MIN_SAMPLES, member_steps, merge_proposals
 from specdec.trees import merge_paths
 
@@ -250,7 +251,7 @@ def test_adaptive_cascade_skips_a_member_that_does_not_pay():
                            pass_costs=costs, eos_token_id=[])
     assert out.sequences[0, len(PROMPTS[0]):].tolist() == hf_greedy(target, PROMPTS[0], 40, eos=[])
     called = [budget != 0 for _, _, budget, _ in stranger.steps]
-    explored = [(i + 1) % 8 == 0 for i in range(len(called))]
+    explored = [(i + 1) % EXPLORE_EVERY == 0 for i in range(len(called))]
     assert len(called) >= 16 and called[0] and all(c for c, e in zip(called, explored) if e)
     assert sum(c and not e for c, e in zip(called, explored)) <= 2 * MIN_SAMPLES
     # A draft that always agrees keeps drafting.

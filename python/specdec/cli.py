@@ -75,19 +75,21 @@ def _method(args: argparse.Namespace, target, tokenizer, draft):
     prompt lookup, lookahead, Medusa, draft model); None without any."""
     import specdec
 
-    cap = args.num_draft_tokens
+    def cap(name: str) -> dict:  # --num-draft-tokens, as each method calls its limit
+        return {} if args.num_draft_tokens is None else {name: args.num_draft_tokens}
+
     members = []
     if args.prompt_lookup:
-        members.append(specdec.PromptLookup(**({} if cap is None else {"max_draft_tokens": cap})))
+        members.append(specdec.PromptLookup(**cap("max_draft_tokens")))
     if args.lookahead:
         members.append(specdec.Lookahead(window=args.window, ngram=args.ngram, guess_set=args.guess_set,
-                                         **({} if cap is None else {"copy_tokens": cap})))
+                                         **cap("copy_tokens")))
     if args.medusa:
         members.append(specdec.Medusa(medusa_heads(args, target, tokenizer), tree=args.medusa_tree,
-                                      **({} if cap is None else {"max_nodes": cap})))
+                                      **cap("max_nodes")))
     if draft is not None:
         members.append(specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens,
-                                          **({} if cap is None else {"max_draft_tokens": cap})))
+                                          **cap("max_draft_tokens")))
     if len(members) > 1:
         return specdec.Ensemble(*members)
     return members[0] if members else None

@@ -9,6 +9,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Adaptive choices try what they currently rule out every this many steps, so that the estimates
+# behind them stay current (prompt lookup's sides, lookahead's guesses, an ensemble's members,
+# the loop's pacing).
+EXPLORE_EVERY = 8
+
+
+@dataclass
+class RunningMean:
+    """The mean of the first values, then exponentially smoothed (None before the first).
+
+    Example:
+        >>> m = RunningMean()
+        >>> for x in (1.0, 3.0, 5.0, 5.0, 5.0, 5.0):
+        ...     m.observe(x)
+        >>> round(m.value, 2), m.count
+        (4.04, 6)
+    """
+
+    value: float | None = None
+    count: int = 0
+    smoothing: float = 0.2  # weight of a new value once the first 1 / smoothing are in
+
+    def observe(self, x: float) -> None:
+        self.count += 1
+        weight = max(self.smoothing, 1 / self.count)
+        self.value = x if self.value is None else (1 - weight) * self.value + weight * x
+
 
 @dataclass
 class CostModel:

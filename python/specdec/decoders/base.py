@@ -163,7 +163,7 @@ def generate(
         if method is not None:
             root = torch.gather(prompt, 1, (prompt_len - 1)[:, None])
             zeros = torch.zeros_like(generated)
-            step = StepResult(Proposal(root, torch.full_like(root, -1)), zeros[:, None], zeros, first,
+            step = StepResult(Proposal.root_only(root), zeros[:, None], zeros, first,
                               logits[:, None], None if hidden is None else hidden[:, None])
             proposer = method.start(model, ctx, prompt, prompt_len, max_length, step)
         pacing = Pacing() if pace and proposer is not None and B > 1 else None
@@ -171,7 +171,7 @@ def generate(
             step_start = time.perf_counter()
             budget = pacing.budget() if pacing is not None else None
             step_ctx = ctx if budget is None else dataclasses.replace(ctx, max_nodes=budget)
-            proposal = proposer.propose(step_ctx) if proposer else Proposal(ctx.roots(), _no_parent(B, device))
+            proposal = proposer.propose(step_ctx) if proposer else Proposal.root_only(ctx.roots())
             # Rows that have stopped are still computed (their roots) but verify nothing: their
             # candidates would only widen the batch's pass.
             proposal = dataclasses.replace(proposal, tokens=torch.where(
@@ -204,9 +204,9 @@ def generate(
             if proposer:
                 proposer.update(ctx, StepResult(proposal, path, n, nxt, logits, hidden))
             if pacing is not None:  # the slowest row that is still going: what ends the batch
-                going = live & ~ctx.finished
-                if bool(going.any()):
-                    slowest = int(torch.where(going, n + 1, n.new_tensor(1 << 30)).min())
+                none_going = 1 << 30
+                slowest = int(torch.where(live & ~ctx.finished, n + 1, none_going).min())  # one host read
+                if slowest != none_going:
                     pacing.observe(slowest, (time.perf_counter() - step_start) * 1e3)
     if streamer is not None:
         streamer.end()
@@ -219,10 +219,6 @@ def generate(
     keep = columns < generated[:, None]
     new = torch.where(keep, torch.gather(ctx.tokens, 1, src), new)
     return GenerateOutput(torch.cat([input_ids, new], 1), stats)
-
-
-def _no_parent(B: int, device: torch.device) -> Tensor:
-    return torch.full((B, 1), -1, dtype=torch.long, device=device)
 
 
 def _without_trailing_padding(proposal: Proposal) -> Proposal:

@@ -168,7 +168,7 @@ class _DraftProposer:
         method, sampling = self.method, ctx.sampling
         limit = ctx.node_budget(method.max_draft_tokens if method.adaptive else method.num_draft_tokens)
         if limit == 0:  # the tokens committed meanwhile are fed at the next drafting step
-            return Proposal(ctx.roots(), torch.full_like(ctx.roots(), -1))
+            return Proposal.root_only(ctx.roots())
         start = time.perf_counter()
         # Tokens committed since the draft last saw the context (1, or 2 after a full accept).
         pending = ctx.lengths - self.cache.lengths

@@ -25,14 +25,14 @@ import torch
 from torch import Tensor
 
 from specdec import ops
-from specdec.cost_model import CostModel
+from specdec.cost_model import EXPLORE_EVERY, CostModel, RunningMean
 from specdec.decoders.draft import DraftModel, draft_proposer
 from specdec.decoders.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.tree_forward import node_layout
 from specdec.trees import merge_paths
 
-# Exploration: every this many steps every member proposes, so that their estimates stay current.
-EXPLORE_EVERY = 8
+MIXES = ("union", "average")
+# Steps a later member is measured in a state before the cascade may skip it there.
 MIN_SAMPLES = 3
 # What a later member adds depends on what the earlier ones proposed: nothing, a short guess,
 # or a long copy (prompt lookup proposes long chains where text is being copied).
@@ -42,7 +42,6 @@ STATES = (0, 1, 2)
 def _state(nodes: int) -> int:
     """The state of a step whose earlier members proposed ``nodes`` nodes: 0 none, 1 up to 4, 2 more."""
     return 0 if nodes == 0 else 1 if nodes <= 4 else 2
-MIXES = ("union", "average")
 
 
 @dataclass(init=False)
@@ -120,19 +119,6 @@ class Ensemble:
         return _UnionProposer(self, proposers, costs)
 
 
-@dataclass
-class _Mean:
-    """The mean of the first values, then a running mean (None until the first value)."""
-
-    value: float | None = None
-    count: int = 0
-
-    def observe(self, x: float, smoothing: float = 0.2) -> None:
-        self.count += 1
-        weight = max(smoothing, 1 / self.count)
-        self.value = x if self.value is None else (1 - weight) * self.value + weight * x
-
-
 class _UnionProposer:
     def __init__(self, method: Ensemble, proposers: list[Proposer], costs: list[CostModel]) -> None:
         self.method, self.proposers, self.costs = method, proposers, costs
@@ -140,8 +126,8 @@ class _UnionProposer:
         n = len(proposers)
         # Per member and state (how much the members before it proposed, `_state`): tokens
         # emitted without it, tokens it added, nodes it added; and its ms per proposal.
-        self.base, self.gain, self.nodes = ([[_Mean() for _ in STATES] for _ in range(n)] for _ in range(3))
-        self.ms = [_Mean() for _ in range(n)]
+        self.base, self.gain, self.nodes = ([[RunningMean() for _ in STATES] for _ in range(n)] for _ in range(3))
+        self.ms = [RunningMean() for _ in range(n)]
         self.proposals: list[Proposal] = []
         self.index: list[Tensor] = []
         self.called: list[bool] = []

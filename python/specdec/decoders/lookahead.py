@@ -26,14 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdec import ops
+from specdec.cost_model import EXPLORE_EVERY
 from specdec.decoders.copy_chain import CopyChain, matched
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.ngram_pool import NGramPool
 from specdec.trees import merge_chains
-
-# Exploration: every this many steps the adaptive sizes try every guess, so that the
-# estimates of the larger guess sets stay current.
-EXPLORE_EVERY = 8
 
 
 @dataclass
@@ -190,7 +187,6 @@ class _LookaheadProposer:
         return g, min(max(w, int(explore)), columns_within(room - g * n1))
 
     def propose(self, ctx: Context) -> Proposal:
-        m = self.method
         self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         root = ctx.roots()
         copy = self.copy.propose(ctx, explore=self.steps % EXPLORE_EVERY == 0) if self.copy else None

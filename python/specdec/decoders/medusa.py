@@ -113,9 +113,10 @@ class _MedusaProposer:
             proposal = Proposal(self.tree.tokens(root[:, 0], self.ids), self.parents)
             # Nodes are ordered by depth, so any first nodes form a tree.
             return proposal.narrowed(1 + ctx.node_budget(proposal.width - 1))
-        tokens, parents = dynamic_tree(self.logprobs, self.ids, max(ctx.node_budget(self.method.max_nodes), 1))
+        budget = ctx.node_budget(self.method.max_nodes)
+        tokens, parents = dynamic_tree(self.logprobs, self.ids, max(budget, 1))  # at least one node
         tokens[:, 0] = root[:, 0]
-        return Proposal(tokens, parents).narrowed(1 + ctx.node_budget(tokens.shape[1] - 1))
+        return Proposal(tokens, parents).narrowed(1 + budget)
 
     def update(self, ctx: Context, step: StepResult) -> None:
         self.read(step.hidden_at_last())

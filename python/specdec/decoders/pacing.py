@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# While one-token passes are faster, every this many steps the method proposes again.
-EXPLORE_EVERY = 8
+from specdec.cost_model import EXPLORE_EVERY, RunningMean
+
 # Measured steps of each kind before the loop may stop proposing.
 MIN_SAMPLES = 2
 # Proposing this much faster: one-token steps are not tried again.
@@ -24,25 +24,12 @@ CLEAR_MARGIN = 1.5
 
 
 @dataclass
-class _Rate:
-    """Running mean of progress per ms (the mean of the first values, then smoothed)."""
-
-    value: float = 0.0
-    count: int = 0
-
-    def observe(self, x: float, smoothing: float = 0.2) -> None:
-        self.count += 1
-        weight = max(smoothing, 1 / self.count)
-        self.value = (1 - weight) * self.value + weight * x
-
-
-@dataclass
 class Pacing:
     """Chooses, before each step, whether the method proposes (``budget() is None``) or the
     step is one token per row (0), from the measured progress of the slowest live row per ms."""
 
-    speculative: _Rate = field(default_factory=_Rate)
-    one_token: _Rate = field(default_factory=_Rate)
+    speculative: RunningMean = field(default_factory=RunningMean)  # slowest row's tokens per ms
+    one_token: RunningMean = field(default_factory=RunningMean)
     steps: int = 0
     proposing: bool = True
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdec import ops
+from specdec.cost_model import EXPLORE_EVERY
 from specdec.decoders.copy_chain import CopyChain
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.trees import merge_chains
@@ -86,9 +87,9 @@ class _LookupProposer:
         m = self.method
         self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         root = ctx.roots()
-        main = self.main.propose(ctx, explore=self.steps % 8 == 0)
+        main = self.main.propose(ctx, explore=self.steps % EXPLORE_EVERY == 0)
         if main is None:
-            return Proposal(root, torch.full_like(root, -1))
+            return Proposal.root_only(root)
         k = main.shape[1]
         chains = [main]
         side = min(m.side_tokens, k, (ctx.node_budget(k + 2 * m.side_tokens) - k) // 2)
@@ -105,7 +106,7 @@ class _LookupProposer:
     def _sides_pay(self, ctx: Context, k: int, side: int) -> bool:
         """Whether the side branches' expected extra tokens are worth their share of the pass
         (always when not adaptive; every 8th step regardless, so the estimate stays current)."""
-        if not self.method.adaptive or self.steps % 8 == 0:
+        if not self.method.adaptive or self.steps % EXPLORE_EVERY == 0:
             return True
         expected = self.main.acceptance.expected(k)
         with_sides = (expected + self.side_gain) / ctx.costs.target(1 + k + 2 * side)

@@ -42,6 +42,11 @@ class Proposal:
     position_ids: Tensor | None = None       # [B, T] absolute positions
     candidates: Tensor | None = None         # [B, T] bool
 
+    @classmethod
+    def root_only(cls, root: Tensor) -> Proposal:
+        """The step of the roots ``[B, 1]`` alone: one token per row, nothing to verify."""
+        return cls(root, torch.full_like(root, -1))
+
     @property
     def width(self) -> int:
         return self.tokens.shape[1]
@@ -71,7 +76,8 @@ class Context:
     one is the root of the next step) and how tokens are chosen.
 
     ``max_nodes``: most nodes besides the root the proposer may put in this step's pass (0:
-    the root alone); None: its own sizing. Set by combinators (`specdec.Ensemble`)."""
+    the root alone); None: its own sizing. Set by the loop's pacing of batches and by
+    combinators (`specdec.Ensemble`)."""
 
     tokens: Tensor            # [B, capacity] committed tokens, left-aligned
     lengths: Tensor           # [B] committed tokens per row
