@@ -20,7 +20,8 @@ def test_generate_needs_a_prompt():
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("method", [["--prompt-lookup"], ["--lookahead", "--window", "3", "--ngram", "3"],
-                                    ["--prompt-lookup", "--draft", "smollm2-135m"]])
+                                    ["--prompt-lookup", "--draft", "smollm2-135m"],
+                                    ["--draft", "smollm2-135m", "--draft-tree", "3"]])
 def test_generate_reports_and_matches_the_target(method, capsys):
     cli.main(["generate", "--model", "smollm2-135m", *method, "--chat", "--max-new-tokens", "24",
               "--prompt", "Repeat this line twice: the quick brown fox jumps over the lazy dog"])
@@ -28,8 +29,10 @@ def test_generate_reports_and_matches_the_target(method, capsys):
     out = captured.out
     assert "speed-up:" in out and "acceptance rate:" in out and "mean accepted length" in out
     assert "identical to the target alone: yes" in out
-    if "--draft" in method:  # several proposer flags: one ensemble
+    if "--prompt-lookup" in method and "--draft" in method:  # several proposer flags: one ensemble
         assert "speculative (ensemble of prompt lookup, draft model smollm2-135m)" in captured.err
+    if "--draft-tree" in method:
+        assert "speculative (draft model smollm2-135m, tree of 3 branches)" in captured.err
 
 
 @pytest.mark.real_model
@@ -37,11 +40,12 @@ def test_bench_writes_a_table_json_and_plot(tmp_path):
     import json
 
     cli.main(["bench", "--model", "smollm2-135m", "--draft", "smollm2-135m", "--prompts", "1",
-              "--max-new-tokens", "6", "--draft-head-tokens", "20000", "--out", str(tmp_path)])
+              "--max-new-tokens", "6", "--draft-head-tokens", "20000", "--draft-trees", "2", "--out", str(tmp_path)])
     stem = "bench_smollm2-135m_float32"
     record = json.loads((tmp_path / f"{stem}.json").read_text())
     methods = {"plain", "hf_prompt_lookup", "hf_assisted", "specdec_one_token", "specdec_prompt_lookup",
-               "specdec_lookahead", "specdec_draft", "specdec_draft_head20000", "specdec_hybrid"}
+               "specdec_lookahead", "specdec_draft", "specdec_draft_head20000", "specdec_draft_tree2",
+               "specdec_hybrid"}
     assert {r["method"] for r in record["runs"]} == methods
     assert len(record["runs"]) == 2 * len(methods)  # one prompt of each set
     assert all(r["new_tokens"] == 6 and r["identical_to_plain"] for r in record["runs"])
@@ -96,6 +100,13 @@ def test_bad_lookahead_settings_exit_with_a_message_before_loading_models(monkey
                                ("--guess-set", "-1", "guess_set must be >= 0")]:
         with pytest.raises(SystemExit, match=f"specdec generate: Lookahead: {match}"):
             cli.main(["generate", "--model", "smollm2-135m", "--lookahead", flag, value, "--prompt", "x"])
+
+
+def test_bad_draft_tree_exits_before_loading_models(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load_models", lambda args: pytest.fail("models loaded"))
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--model", "smollm2-135m", "--draft", "x", "--draft-tree", "0", "--prompt", "x"])
+    assert "--draft-tree: must be >= 1" in capsys.readouterr().err
 
 
 def test_typical_needs_sampling():

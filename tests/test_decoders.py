@@ -109,6 +109,9 @@ def test_prompt_lookup_greedy_identity(family, device):
 METHODS = {
     "draft coupled": lambda draft: specdec.DraftModel(draft, 3),
     "draft adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, head_tokens=8),
+    "draft tree": lambda draft: specdec.DraftModel(draft, 3, tree=3),
+    "draft tree adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, tree=2,
+                                                                          head_tokens=8),
     "draft rejection sampling": lambda draft: specdec.DraftModel(draft, 3, coupled=False),
     "draft rejection sampling, reduced head": lambda draft: specdec.DraftModel(draft, 3, coupled=False,
                                                                                head_tokens=8),

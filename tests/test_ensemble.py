@@ -227,6 +227,7 @@ def test_every_method_keeps_to_a_node_budget(budget):
     draft = perturbed(target, 0.05, 4)
     methods = [specdec.PromptLookup(adaptive=False, num_draft_tokens=5), specdec.PromptLookup(),
                specdec.DraftModel(draft, 5), specdec.DraftModel(draft, adaptive=True),
+               specdec.DraftModel(draft, 3, tree=3), specdec.DraftModel(draft, adaptive=True, tree=2),
                specdec.Medusa(random_heads(target), tree=[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]),
                specdec.Medusa(random_heads(target), tree="dynamic", max_nodes=6, top_k=3),
                specdec.Lookahead(window=3, ngram=3, guess_set=3, adaptive=False), specdec.Lookahead(),

@@ -86,6 +86,7 @@ def decoders(target, dtype):
     return {
         "prompt lookup": specdec.PromptLookup(adaptive=False),
         "draft model": specdec.DraftModel(draft, 4),
+        "draft model tree": specdec.DraftModel(draft, 4, tree=3),
         "medusa": specdec.Medusa(heads, tree=[(0,), (1,), (0, 0)]),
         "lookahead": specdec.Lookahead(window=3, ngram=3, guess_set=3, adaptive=False),
     }

@@ -235,10 +235,13 @@ def main(args: argparse.Namespace) -> None:
     if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
         ours["specdec_draft"] = (specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True), {})
-        head = args.draft_head_tokens
+        head = args.draft_head_tokens or None  # 0: the full head
         if head:
             ours[f"specdec_draft_head{head}"] = (specdec.DraftModel(
                 draft, num_draft_tokens=8, adaptive=True, head_tokens=head), {})
+        for k in args.draft_trees:
+            ours[f"specdec_draft_tree{k}"] = (specdec.DraftModel(
+                draft, num_draft_tokens=8, adaptive=True, head_tokens=head, tree=k), {})
         # Prompt lookup's candidates first, the draft where they do not pay (the reduced head if asked).
         ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(
             draft, num_draft_tokens=8, adaptive=True, head_tokens=head)), {})

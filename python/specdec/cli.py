@@ -20,6 +20,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
+def _branches(value: str) -> int:
+    """``--draft-tree``: branches per level, 1 (a chain) or more."""
+    k = int(value)
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (1: a chain), got {k}")
+    return k
+
+
 def _prompt_text(args: argparse.Namespace) -> str:
     if args.prompt_file:
         return Path(args.prompt_file).read_text()
@@ -89,7 +97,7 @@ def _method(args: argparse.Namespace, target, tokenizer, draft):
                                       **cap("max_nodes")))
     if draft is not None:
         members.append(specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens,
-                                          **cap("max_draft_tokens")))
+                                          tree=args.draft_tree, **cap("max_draft_tokens")))
     if len(members) > 1:
         return specdec.Ensemble(*members)
     return members[0] if members else None
@@ -157,7 +165,8 @@ def _describe(args: argparse.Namespace) -> str:
         ("prompt lookup", args.prompt_lookup),
         (f"lookahead W={args.window} N={args.ngram} G={args.guess_set}", args.lookahead),
         (f"Medusa heads {args.medusa}", args.medusa),
-        (f"draft model {args.draft}", args.draft)) if given]
+        (f"draft model {args.draft}" + (f", tree of {args.draft_tree} branches" if args.draft_tree > 1 else ""),
+         args.draft)) if given]
     if len(names) > 1:
         return "ensemble of " + ", ".join(names)
     return names[0] if names else "no proposer"
@@ -225,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="the draft scores only token ids below N (DraftModel(head_tokens=N))")
     g.add_argument("--draft-dtype", choices=DTYPES, default=None,
                    help="the draft's dtype (default: --dtype); the output stays the target's")
+    g.add_argument("--draft-tree", type=_branches, default=1, metavar="K",
+                   help="the draft proposes a token tree, K branches per level (DraftModel(tree=K)); 1: a chain")
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -253,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="also run DraftModel(head_tokens=N); 0 leaves that run out")
     b.add_argument("--draft-dtype", choices=DTYPES, default=None,
                    help="the draft's dtype, for ours and HF assisted alike (default: --dtype)")
+    b.add_argument("--draft-trees", type=lambda v: [_branches(x) for x in v.split(",")], default=[],
+                   metavar="K[,K...]", help="also DraftModel(tree=K) for each K (with --draft-head-tokens)")
     b.add_argument("--plain-dtype", choices=DTYPES, default=None,
                    help="also HF plain generate with the target in this dtype (e.g. float32 next to "
                         "a bfloat16 run), prepared alike")

@@ -75,6 +75,8 @@ def _tree_attention_interface(
         raise NotImplementedError("specdec: tree attention has no dropout (use model.eval())")
     if specdec_kv_len is not None:
         return _causal_attention(query, key, value, specdec_prefix_len, specdec_kv_len, scaling), None
+    if specdec_tree_mask is not None and specdec_tree_mask.shape[-1] != query.shape[2]:
+        return _spanning_attention(query, key, value, specdec_prefix_len, specdec_tree_mask, scaling), None
     out = ops.tree_attention(query, key, value, specdec_prefix_len, specdec_tree_mask, scaling)
     return out.transpose(1, 2), None
 
@@ -94,6 +96,24 @@ def _causal_attention(query: Tensor, key: Tensor, value: Tensor, prefix_len: Ten
         causal = False
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
                                          scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def _spanning_attention(query: Tensor, key: Tensor, value: Tensor, prefix_len: Tensor, mask: Tensor,
+                        scaling: float | None) -> Tensor:
+    """Attention of T new nodes whose mask ``[B, T, S]`` also covers the ``S - T`` uncommitted
+    entries written before them (a tree drafted level by level): row b's query i sees slots
+    ``0 .. prefix_len[b] - 1`` and slot ``prefix_len[b] + j`` where ``mask[b, i, j]``. Through
+    PyTorch's SDPA: a draft's passes need no row-count invariance (they only propose)."""
+    B, _, T, _ = query.shape
+    S = mask.shape[-1]
+    # CPU: read only the slots in use (a free host read); elsewhere the whole cache, no sync.
+    kv_len = int(prefix_len.max()) + S if query.device.type == "cpu" else key.shape[2]
+    rel = torch.arange(kv_len, device=query.device) - prefix_len[:, None]  # [B, kv_len]
+    seen = torch.gather(mask, 2, rel.clamp(0, S - 1)[:, None, :].expand(B, T, kv_len))
+    visible = (rel < 0)[:, None, :] | (((rel >= 0) & (rel < S))[:, None, :] & seen)
+    out = F.scaled_dot_product_attention(query, key[:, :, :kv_len], value[:, :, :kv_len],
+                                         attn_mask=visible[:, None], scale=scaling, enable_gqa=True)
     return out.transpose(1, 2)
 
 
@@ -161,6 +181,7 @@ def tree_forward(
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
     return_hidden: bool = False,
+    pending: int = 0,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Logits of every node of a token tree (or of any attention pattern) per row, in one
     forward pass.
@@ -185,6 +206,11 @@ def tree_forward(
         position_ids: ``[B, T]`` absolute positions of the nodes (default: from ``parents``).
         return_hidden: also return the decoder's final hidden states (after the final norm,
             the LM head's input) ``[B, T, H]`` (``[B, K, H]`` with ``keep``), from this pass.
+        pending: nodes of the same tree that earlier calls wrote after each row's committed
+            entries (``cache.lengths[b] ..``) and that stay uncommitted: a tree computed level
+            by level. The T new nodes are then written after them, and ``attention_mask``
+            (required, with ``position_ids``) is ``[B, T, pending + T]``: which of the pending
+            and new nodes each new node sees.
 
     Returns:
         ``[B, T, V]`` logits (``[B, K, V]`` with ``keep``): the model's next-token logits after
@@ -218,13 +244,16 @@ def tree_forward(
         raise ValueError(f"specdec.tree_forward: tree_tokens has {B} rows, the cache {lengths.shape[0]}")
     # The longest row: read once on CPU (free there); on CUDA only for a long chain (a prompt).
     longest = int(lengths.max()) if lengths.device.type == "cpu" else None
-    if longest is not None and longest + T > cache.max_length:
+    span = pending + T
+    if longest is not None and longest + span > cache.max_length:
         raise ValueError(
-            f"specdec.tree_forward: {T} more tokens do not fit the cache (max_length "
+            f"specdec.tree_forward: {span} more tokens do not fit the cache (max_length "
             f"{cache.max_length}, longest row {longest})"
         )
-    if attention_mask is not None and (attention_mask.shape != (B, T, T) or attention_mask.dtype != torch.bool):
-        raise ValueError(f"specdec.tree_forward: attention_mask must be bool [{B}, {T}, {T}], "
+    if pending and (attention_mask is None or position_ids is None):
+        raise ValueError("specdec.tree_forward: pending nodes need attention_mask and position_ids")
+    if attention_mask is not None and (attention_mask.shape != (B, T, span) or attention_mask.dtype != torch.bool):
+        raise ValueError(f"specdec.tree_forward: attention_mask must be bool [{B}, {T}, {span}], "
                          f"got {attention_mask.dtype} {tuple(attention_mask.shape)}")
     if position_ids is not None and position_ids.shape != (B, T):
         raise ValueError(f"specdec.tree_forward: position_ids must be [{B}, {T}], got {tuple(position_ids.shape)}")
@@ -238,6 +267,18 @@ def tree_forward(
         mask, position_ids = node_layout(parents, lengths, mask, position_ids)
     inputs = dict(input_ids=tree_tokens, position_ids=position_ids.to(lengths.dtype), use_cache=True,
                   specdec_prefix_len=lengths, specdec_tree_mask=mask, specdec_kv_len=kv_len)
+    if pending:  # the cache writes after the pending nodes; attention counts them from the prefix
+        inputs["specdec_prefix_len"] = lengths.clone()
+        lengths += pending
+        try:
+            return _forward(model, cache, inputs, keep, head, return_hidden)
+        finally:
+            lengths -= pending
+    return _forward(model, cache, inputs, keep, head, return_hidden)
+
+
+def _forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, keep: Tensor | None,
+             head: Callable[[Tensor], Tensor] | None, return_hidden: bool) -> Tensor | tuple[Tensor, Tensor]:
     if head is not None or return_hidden:
         decoder = model.get_decoder()
         hidden = decoder(**inputs, **{_cache_kwarg(decoder): cache}).last_hidden_state

@@ -12,11 +12,12 @@ from torch import Tensor
 
 from specdec.accelerate import PackedLinear, VerificationConfig, dense_weight
 from specdec.cache import SpecCache
+from specdec.decoders.draft_tree import grow, select
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.decoders.verify import draw
 from specdec.random_streams import DRAFT, TOKEN
 from specdec.sampling import Sampling
-from specdec.tree_forward import prefill
+from specdec.tree_forward import prefill, tree_forward
 
 
 @dataclass
@@ -41,6 +42,16 @@ class DraftModel:
     accepts somewhat more when draft and target differ; reproducible for a fixed draft length,
     ``adaptive=False``).
 
+    ``tree=k`` (k >= 2) drafts a token tree instead of a chain (EAGLE-2's dynamic trees): each
+    level expands the k most probable nodes of the one before (by the draft's cumulative
+    probability of their paths) into their k most probable children, one draft pass per level
+    over the k nodes, and the target verifies the most probable nodes of the whole tree, at most
+    ``tree_nodes``. With ``adaptive=True`` the measured pass costs decide how many levels
+    (up to ``max_draft_tokens``) and how many nodes pay; else ``num_draft_tokens`` levels and
+    ``tree_nodes`` nodes. Where the draft's first choice is wrong the target often takes its
+    second, and the branch under it goes on. Sampling needs ``coupled=True`` (the branches are
+    verified as deterministic candidates: exact, and seeded equal to ``method=None``).
+
     The draft must share the target's tokenizer. When the two vocabularies differ only by
     padding rows past the tokenizer (e.g. Qwen2.5 7B and 0.5B), pass ``shared_vocab=len(tokenizer)``:
     the draft then never proposes an id at or past it.
@@ -48,6 +59,7 @@ class DraftModel:
     Example (``draft`` and ``target`` are Hugging Face causal LMs)::
 
         out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True))
+        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True, tree=3))
     """
 
     model: torch.nn.Module
@@ -57,6 +69,8 @@ class DraftModel:
     head_tokens: int | None = None
     coupled: bool = True
     shared_vocab: int | None = None
+    tree: int = 1
+    tree_nodes: int = 24
     _head: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,10 +82,22 @@ class DraftModel:
             raise ValueError(f"head_tokens must be >= 1 or None, got {self.head_tokens}")
         if self.shared_vocab is not None and self.shared_vocab < 1:
             raise ValueError(f"shared_vocab must be >= 1 or None, got {self.shared_vocab}")
+        if self.tree < 1:
+            raise ValueError(f"tree must be >= 1 (1: a chain), got {self.tree}")
+        if self.tree > 1 and self.tree_nodes < 1:
+            raise ValueError(f"tree_nodes must be >= 1, got {self.tree_nodes}")
+        if self.tree > 1 and not self.coupled:
+            raise ValueError("DraftModel(tree=...) verifies its branches as deterministic candidates: "
+                             "it needs coupled=True")
+
+    @property
+    def depth(self) -> int:
+        """Most draft tokens on a path (levels of a tree)."""
+        return self.max_draft_tokens if self.adaptive else self.num_draft_tokens
 
     @property
     def max_pass_tokens(self) -> int:
-        return 1 + (self.max_draft_tokens if self.adaptive else self.num_draft_tokens)
+        return 1 + (self.tree_nodes if self.tree > 1 else self.depth)
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
@@ -137,10 +163,13 @@ def draft_proposer(drafts: Sequence[DraftModel], target: torch.nn.Module, prompt
 class _DraftProposer:
     def __init__(self, drafts: Sequence[DraftModel], target_vocab: int, prompt: Tensor, prompt_len: Tensor,
                  max_length: int) -> None:
-        self.method = drafts[0]
+        self.method = method = drafts[0]
         B = prompt.shape[0]
-        self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=max_length),
+        # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
+        room = max_length + (method.depth - 1) * method.tree if method.tree > 1 else max_length
+        self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=room),
                         d.reduced_head()) for d in drafts]
+        self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots
         self.target_vocab = target_vocab
         # Ids every draft may propose: below the shared part of the vocabularies (and heads).
         self.proposable = min(min(_vocab_size(d.model), d.shared_vocab or target_vocab,
@@ -153,12 +182,20 @@ class _DraftProposer:
     def cache(self) -> SpecCache:
         return self.drafts[0][1]  # every draft's cache holds the same tokens
 
-    def _scores(self, tokens: Tensor, lengths: Tensor | None, sampling: Sampling) -> Tensor:
+    def _scores(self, tokens: Tensor, lengths: Tensor | None, sampling: Sampling,
+                tree: tuple[Tensor, Tensor, int] | None = None) -> Tensor:
         """The drafts' next-token scores over the proposable ids after feeding ``tokens``:
         sampling, the distribution drafted from (the mean of the drafts' warped ones); greedy,
-        one draft's logits (a view) or the mean of several drafts' probabilities."""
-        logits = [prefill(model, cache, tokens, lengths, head)[..., : self.proposable]
-                  for model, cache, head in self.drafts]
+        one draft's logits (a view) or the mean of several drafts' probabilities. ``tree``:
+        ``(attention_mask, position_ids, pending)`` of uncommitted tree nodes (`tree_forward`),
+        which stay uncommitted; else the tokens are committed."""
+        if tree is None:
+            logits = [prefill(model, cache, tokens, lengths, head)[..., : self.proposable]
+                      for model, cache, head in self.drafts]
+        else:
+            mask, positions, pending = tree
+            logits = [tree_forward(model, cache, tokens, attention_mask=mask, position_ids=positions, head=head,
+                                   pending=pending)[..., : self.proposable] for model, cache, head in self.drafts]
         if sampling.do_sample:
             probs = [sampling.probs(x) for x in logits]
             return probs[0] if len(probs) == 1 else torch.stack(probs).mean(0)
@@ -166,7 +203,7 @@ class _DraftProposer:
 
     def propose(self, ctx: Context) -> Proposal:
         method, sampling = self.method, ctx.sampling
-        limit = ctx.node_budget(method.max_draft_tokens if method.adaptive else method.num_draft_tokens)
+        limit = ctx.node_budget(method.tree_nodes if method.tree > 1 else method.depth)
         if limit == 0:  # the tokens committed meanwhile are fed at the next drafting step
             return Proposal.root_only(ctx.roots())
         start = time.perf_counter()
@@ -176,6 +213,8 @@ class _DraftProposer:
         columns = torch.arange(width, device=pending.device)
         idx = (self.cache.lengths[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1)
         scores = self._scores(torch.gather(ctx.tokens, 1, idx), pending, sampling)
+        if method.tree > 1:
+            return self._propose_tree(ctx, scores, min(method.depth, limit), limit, start)
         # Adaptive: per live row, the chance that every draft so far is accepted (the draft's
         # own probabilities of its tokens stand in for it), and the expected emitted tokens.
         reach = (~ctx.finished).float()
@@ -217,7 +256,35 @@ class _DraftProposer:
             draft_probs = torch.stack([torch.zeros_like(probs[0])] + probs, 1)
         return Proposal(tokens, parents, draft_probs)
 
+    def _log_probs(self, scores: Tensor, sampling: Sampling) -> Tensor:
+        """Log-probabilities from `_scores` (logits of one draft greedy, else probabilities)."""
+        if sampling.do_sample or len(self.drafts) > 1:
+            return scores.log()
+        return scores.float().log_softmax(-1)
+
+    def _propose_tree(self, ctx: Context, scores: Tensor, depth: int, limit: int, start: float) -> Proposal:
+        sampling = ctx.sampling
+
+        def feed(tokens: Tensor, mask: Tensor, positions: Tensor, pending: int) -> Tensor:
+            return self._log_probs(self._scores(tokens, None, sampling, (mask, positions, pending)), sampling)
+
+        tree, n, passes = grow(self._log_probs(scores, sampling), feed, self.method.tree, depth, limit, ctx,
+                               self.method.adaptive)
+        if ctx.tokens.device.type == "cpu":
+            ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
+        proposal, self.tree_slots = select(tree, n, ctx.roots())
+        return proposal
+
     def update(self, ctx: Context, step: StepResult) -> None:
+        if self.tree_slots is not None:
+            # Move the accepted nodes' entries into place: those fed to the draft, a prefix of
+            # the accepted path (a fed node's parent was fed too).
+            slots = torch.gather(self.tree_slots, 1, step.accept_path[:, 1:].clamp_min(0))
+            accepted = torch.arange(slots.shape[1], device=slots.device) < step.accept_len[:, None]
+            count = (accepted & (slots >= 0)).int().cumprod(1).sum(1)
+            for _, cache, _ in self.drafts:
+                cache.commit(cache.lengths[:, None] + slots.clamp_min(0), count)
+            self.tree_slots = None
         # Keep only the drafts' entries of committed tokens; the new root is fed next step.
         for _, cache, _ in self.drafts:
             cache.rollback(torch.minimum(cache.lengths, ctx.lengths - 1))
