@@ -53,6 +53,7 @@ def _tree_attention_interface(
     specdec_prefix_len: Tensor | None = None,
     specdec_tree_mask: Tensor | None = None,
     specdec_kv_len: int | None = None,
+    specdec_slot_mask: Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
     **kwargs,
@@ -75,8 +76,8 @@ def _tree_attention_interface(
         raise NotImplementedError("specdec: tree attention has no dropout (use model.eval())")
     if specdec_kv_len is not None:
         return _causal_attention(query, key, value, specdec_prefix_len, specdec_kv_len, scaling), None
-    if specdec_tree_mask is not None and specdec_tree_mask.shape[-1] != query.shape[2]:
-        return _spanning_attention(query, key, value, specdec_prefix_len, specdec_tree_mask, scaling), None
+    if specdec_slot_mask is not None:
+        return _slot_attention(query, key, value, specdec_slot_mask, scaling), None
     out = ops.tree_attention(query, key, value, specdec_prefix_len, specdec_tree_mask, scaling)
     return out.transpose(1, 2), None
 
@@ -99,22 +100,28 @@ def _causal_attention(query: Tensor, key: Tensor, value: Tensor, prefix_len: Ten
     return out.transpose(1, 2)
 
 
-def _spanning_attention(query: Tensor, key: Tensor, value: Tensor, prefix_len: Tensor, mask: Tensor,
-                        scaling: float | None) -> Tensor:
-    """Attention of T new nodes whose mask ``[B, T, S]`` also covers the ``S - T`` uncommitted
-    entries written before them (a tree drafted level by level): row b's query i sees slots
-    ``0 .. prefix_len[b] - 1`` and slot ``prefix_len[b] + j`` where ``mask[b, i, j]``. Through
-    PyTorch's SDPA: a draft's passes need no row-count invariance (they only propose)."""
-    B, _, T, _ = query.shape
-    S = mask.shape[-1]
-    # CPU: read only the slots in use (a free host read); elsewhere the whole cache, no sync.
-    kv_len = int(prefix_len.max()) + S if query.device.type == "cpu" else key.shape[2]
-    rel = torch.arange(kv_len, device=query.device) - prefix_len[:, None]  # [B, kv_len]
+def _slot_mask(prefix_len: Tensor, mask: Tensor, kv_len: int) -> Tensor:
+    """``[B, T, kv_len]`` which cache slots each of T new nodes sees, from their mask ``[B, T, S]``
+    over the S entries after each row's prefix (``S - T`` pending ones, then the new nodes):
+    every prefix slot, and slot ``prefix_len[b] + j`` where ``mask[b, i, j]``."""
+    B, T, S = mask.shape
+    rel = torch.arange(kv_len, device=mask.device) - prefix_len[:, None]  # [B, kv_len]
     seen = torch.gather(mask, 2, rel.clamp(0, S - 1)[:, None, :].expand(B, T, kv_len))
-    visible = (rel < 0)[:, None, :] | (((rel >= 0) & (rel < S))[:, None, :] & seen)
-    out = F.scaled_dot_product_attention(query, key[:, :, :kv_len], value[:, :, :kv_len],
-                                         attn_mask=visible[:, None], scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2)
+    return (rel < 0)[:, None, :] | (((rel >= 0) & (rel < S))[:, None, :] & seen)
+
+
+def _slot_attention(query: Tensor, key: Tensor, value: Tensor, visible: Tensor, scaling: float | None) -> Tensor:
+    """Attention of T new nodes over the cache slots ``visible [B, T, kv_len]`` marks, through
+    PyTorch's SDPA (a draft's tree passes: they only propose, so they need no row-count
+    invariance). The queries of each KV head are stacked (``[B, Hkv, G T, D]``), which runs
+    about 2.5x faster on CPU than SDPA's own grouped-query path with a mask."""
+    B, H, T, D = query.shape
+    Hkv, kv_len = key.shape[1], visible.shape[-1]
+    G = H // Hkv
+    mask = visible[:, None].expand(B, G, T, kv_len).reshape(B, 1, G * T, kv_len)
+    out = F.scaled_dot_product_attention(query.reshape(B, Hkv, G * T, D), key[:, :, :kv_len],
+                                         value[:, :, :kv_len], attn_mask=mask, scale=scaling)
+    return out.view(B, H, T, D).transpose(1, 2)
 
 
 def enable_tree_attention(model: PreTrainedModel) -> None:
@@ -267,8 +274,10 @@ def tree_forward(
         mask, position_ids = node_layout(parents, lengths, mask, position_ids)
     inputs = dict(input_ids=tree_tokens, position_ids=position_ids.to(lengths.dtype), use_cache=True,
                   specdec_prefix_len=lengths, specdec_tree_mask=mask, specdec_kv_len=kv_len)
-    if pending:  # the cache writes after the pending nodes; attention counts them from the prefix
-        inputs["specdec_prefix_len"] = lengths.clone()
+    if pending:  # the cache writes after the pending nodes; attention sees the slots the mask says
+        # CPU: only the slots in use (a free host read); elsewhere the whole cache, no sync.
+        kv_len = longest + span if longest is not None else cache.max_length
+        inputs["specdec_slot_mask"] = _slot_mask(lengths, mask, kv_len)
         lengths += pending
         try:
             return _forward(model, cache, inputs, keep, head, return_hidden)
