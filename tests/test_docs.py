@@ -10,6 +10,7 @@ MODULES = [
     "specdec", "specdec.ops", "specdec.ngram_pool", "specdec.cache", "specdec.tree_forward",
     "specdec.sampling", "specdec.cost_model", "specdec.models", "specdec.accelerate",
     "specdec.random_streams", "specdec.hf_integration", "specdec.decoders.base", "specdec.trees",
+    "specdec.decoders.draft_tree",
 ]
 
 

@@ -77,7 +77,15 @@ def ancestors_row(anc: Tensor, parent_slot: Tensor, slot: Tensor) -> Tensor:
 
 def select(tree: DraftedTree, n: int, root: Tensor) -> tuple[Proposal, Tensor]:
     """The proposal of the ``n`` best-scoring nodes (a tree: parents score at least as high and
-    were drafted earlier, and the sort is stable) and each proposal node's draft slot ``[B, 1 + n]``."""
+    were drafted earlier, and the sort is stable) and each proposal node's draft slot ``[B, 1 + n]``.
+
+    Example (node 3 is node 1's child; root token 9):
+        >>> tree = DraftedTree(tokens=torch.tensor([[5, 6, 7]]), parents=torch.tensor([[0, 0, 1]]),
+        ...                    score=torch.tensor([[-0.1, -2.0, -0.5]]), slot=torch.tensor([[0, -1, -1]]))
+        >>> proposal, slots = select(tree, 2, torch.tensor([[9]]))
+        >>> proposal.tokens.tolist(), proposal.parents.tolist(), slots.tolist()
+        ([[9, 5, 7]], [[-1, 0, 1]], [[-1, 0, -1]])
+    """
     order = torch.sort(tree.score, dim=1, descending=True, stable=True).indices[:, :n]
     B, M = tree.tokens.shape
     # Proposal index of every drafted node (0 for those left out: never a chosen node's parent).
