@@ -18,18 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from specdec.cost_model import CostModel
 from specdec.decoders.protocol import Context, Proposal
 from specdec.decoders.verify import draw
 from specdec.random_streams import TOKEN
-from specdec.sampling import Sampling
 
 
 @dataclass
 class DraftedTree:
-    """One step's drafted nodes, numbered 1.. in the order drafted (0 is the root).
+    """One step's drafted nodes (or one level's), numbered 1.. in the order drafted (0 is the root).
 
     ``slot[b, i]``: where node i + 1 sits among the step's uncommitted draft-cache entries
     (-1: never fed to the draft)."""
@@ -40,12 +40,12 @@ class DraftedTree:
     slot: Tensor     # [B, M]
 
 
-def children(logp: Tensor, k: int, sampling: Sampling, ctx: Context, position: Tensor) -> tuple[Tensor, Tensor]:
+def children(logp: Tensor, k: int, ctx: Context, position: Tensor) -> tuple[Tensor, Tensor]:
     """The k children of each of W nodes ``(ids [B, W, k], log-probabilities [B, W, k])`` from
     their next-token log-probabilities ``logp [B, W, V]``. Greedy: the k most probable. Sampling:
     the draft's draw with the target's uniform at ``position [B]`` first (the token the target
     emits there when the two distributions agree), then the k - 1 most probable others."""
-    if not sampling.do_sample:
+    if not ctx.sampling.do_sample:
         top = logp.topk(k, -1)
         return top.indices, top.values
     W = logp.shape[1]
@@ -69,10 +69,10 @@ def ancestors_row(anc: Tensor, parent_slot: Tensor, slot: Tensor) -> Tensor:
     """The slots a newly fed node sees (its fed ancestors and itself) ``[B, W, F]``, from the
     rows ``anc [B, F, F]`` of the nodes fed before, its parent's slot (-1: the root) and its own."""
     B, W = slot.shape
-    F = anc.shape[-1]
-    rows = torch.gather(anc, 1, parent_slot.clamp_min(0)[:, :, None].expand(B, W, F))
+    n = anc.shape[-1]
+    rows = torch.gather(anc, 1, parent_slot.clamp_min(0)[:, :, None].expand(B, W, n))
     rows &= (parent_slot >= 0)[:, :, None]
-    return rows | torch.nn.functional.one_hot(slot, F).bool()
+    return rows | F.one_hot(slot, n).bool()
 
 
 def select(tree: DraftedTree, n: int, root: Tensor) -> tuple[Proposal, Tensor]:
@@ -114,20 +114,20 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
     B, device = first.shape[0], first.device
     live = (~ctx.finished)[:, None]
     root_pos = ctx.lengths - 1
-    ids, logp = children(first[:, None], k, ctx.sampling, ctx, root_pos + 1)
-    levels = [(ids[:, 0], torch.zeros(B, k, dtype=torch.long, device=device), logp[:, 0],
-               torch.full((B, k), -1, dtype=torch.long, device=device))]
+    ids, logp = children(first[:, None], k, ctx, root_pos + 1)
+    levels = [DraftedTree(ids[:, 0], torch.zeros(B, k, dtype=torch.long, device=device), logp[:, 0],
+                          torch.full((B, k), -1, dtype=torch.long, device=device))]
     width = (depth - 1) * k
     anc = torch.zeros(B, width, width, dtype=torch.bool, device=device)
     fed, drafted, passes = 0, k, 1
     for d in range(1, depth):
-        tokens, _, score, slot = levels[-1]
-        w = min(k, tokens.shape[1])
-        sel = score.topk(w, -1).indices                           # the frontier, in the last level
-        f_score = torch.gather(score, 1, sel)
-        parent_of = torch.gather(levels[-1][1], 1, sel)
+        last = levels[-1]
+        w = min(k, last.tokens.shape[1])
+        sel = last.score.topk(w, -1).indices                      # the frontier, in the last level
+        f_score = torch.gather(last.score, 1, sel)
+        parent_of = torch.gather(last.parents, 1, sel)
         if adaptive:
-            all_scores = torch.cat([lv[2] for lv in levels], 1)
+            all_scores = torch.cat([lv.score for lv in levels], 1)
             # Each frontier node's best child taken to be as likely as the node was given its parent.
             own = f_score - torch.gather(torch.cat([torch.zeros(B, 1, device=device), all_scores], 1), 1,
                                          parent_of)
@@ -136,21 +136,23 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
             rows = float(live.sum())
             if best_count(more, rows, passes + 1, ctx.costs, limit)[1] <= best_count(now, rows, passes, ctx.costs, limit)[1]:
                 break
-        offset = drafted - tokens.shape[1]                       # node number of the level's first - 1
+        offset = drafted - last.tokens.shape[1]                  # node number of the level's first - 1
         parent_slot = _slot_of(levels, parent_of)
         new_slot = torch.arange(fed, fed + w, device=device).expand(B, w)
         anc[:, fed:fed + w] = ancestors_row(anc, parent_slot, new_slot)
-        logp = feed(torch.gather(tokens, 1, sel), anc[:, fed:fed + w, :fed + w],
+        logp = feed(torch.gather(last.tokens, 1, sel), anc[:, fed:fed + w, :fed + w],
                     (root_pos + d)[:, None].expand(B, w), fed)
         passes += 1
         fed += w
-        slot.scatter_(1, sel, new_slot)
-        ids, lp = children(logp, k, ctx.sampling, ctx, root_pos + d + 1)
-        levels.append((ids.reshape(B, w * k), (offset + 1 + sel)[:, :, None].expand(B, w, k).reshape(B, w * k),
-                       (f_score[:, :, None] + lp).reshape(B, w * k),
-                       torch.full((B, w * k), -1, dtype=torch.long, device=device)))
+        last.slot.scatter_(1, sel, new_slot)
+        ids, lp = children(logp, k, ctx, root_pos + d + 1)
+        levels.append(DraftedTree(ids.reshape(B, w * k),
+                                  (offset + 1 + sel)[:, :, None].expand(B, w, k).reshape(B, w * k),
+                                  (f_score[:, :, None] + lp).reshape(B, w * k),
+                                  torch.full((B, w * k), -1, dtype=torch.long, device=device)))
         drafted += w * k
-    tree = DraftedTree(*(torch.cat([lv[i] for lv in levels], 1) for i in range(4)))
+    tree = DraftedTree(*(torch.cat([getattr(lv, f) for lv in levels], 1)
+                         for f in ("tokens", "parents", "score", "slot")))
     if adaptive:
         probs = tree.score.sort(1, descending=True).values.exp() * live
         n = best_count(probs, float(live.sum()), passes, ctx.costs, limit)[0]
@@ -159,7 +161,7 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
     return tree, n, passes
 
 
-def _slot_of(levels: list, nodes: Tensor) -> Tensor:
+def _slot_of(levels: list[DraftedTree], nodes: Tensor) -> Tensor:
     """The draft slot of node numbers ``nodes [B, W]`` (0, the root: -1)."""
-    slots = torch.cat([torch.full_like(nodes[:, :1], -1)] + [lv[3] for lv in levels], 1)
+    slots = torch.cat([torch.full_like(nodes[:, :1], -1)] + [lv.slot for lv in levels], 1)
     return torch.gather(slots, 1, nodes)
