@@ -12,7 +12,7 @@ from torch import Tensor
 
 from specdec.accelerate import PackedLinear, VerificationConfig, dense_weight
 from specdec.cache import SpecCache
-from specdec.decoders.draft_tree import grow, select
+from specdec.decoders.draft_tree import fed_slots, grow, select
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.decoders.verify import draw
 from specdec.random_streams import DRAFT, TOKEN
@@ -166,7 +166,7 @@ class _DraftProposer:
         self.method = method = drafts[0]
         B = prompt.shape[0]
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
-        room = max_length + (method.depth - 1) * method.tree if method.tree > 1 else max_length
+        room = max_length + fed_slots(method.tree, method.depth) if method.tree > 1 else max_length
         self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=room),
                         d.reduced_head()) for d in drafts]
         self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots

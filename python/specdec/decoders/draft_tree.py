@@ -55,12 +55,24 @@ def children(logp: Tensor, k: int, ctx: Context, position: Tensor) -> tuple[Tens
     return ids, torch.gather(logp, -1, ids)
 
 
-def best_count(probs: Tensor, live: float, passes: int, costs: CostModel, limit: int) -> tuple[int, float]:
-    """How many of the best nodes to verify, and the expected emitted tokens per ms then:
-    ``probs [B, M]`` every node's acceptance estimate, best first per row; ``live`` rows emit
-    one token each whatever is accepted; ``passes`` draft passes are paid. One host read."""
-    gains = [0.0] + probs[:, :limit].sum(0).cumsum(0).tolist()
-    rates = [(live + g) / (passes * costs.draft_ms_per_token + costs.target(n + 1)) for n, g in enumerate(gains)]
+def fed_slots(k: int, depth: int) -> int:
+    """Most frontier nodes a tree of ``depth`` levels feeds to the draft (uncommitted entries)."""
+    return (depth - 1) * k
+
+
+def gains(scores: Tensor, live: Tensor, limit: int) -> Tensor:
+    """``[min(M, limit)]``: the expected accepted tokens of the n best nodes of every live row
+    (``live [B, 1]``), summed over the rows, for n = 1, 2, ..; ``scores [B, M]`` the nodes'
+    cumulative draft log-probabilities, in any order."""
+    return (scores.sort(1, descending=True).values[:, :limit].exp() * live).sum(0).cumsum(0)
+
+
+def best_count(gain: list[float], live: float, passes: int, costs: CostModel) -> tuple[int, float]:
+    """How many of the best nodes to verify, and the expected emitted tokens per ms then, from
+    `gains` read to the host; ``live`` rows emit one token each whatever is accepted; ``passes``
+    draft passes are paid."""
+    rates = [(live + g) / (passes * costs.draft_ms_per_token + costs.target(n + 1))
+             for n, g in enumerate([0.0, *gain])]
     n = max(range(len(rates)), key=rates.__getitem__)
     return n, rates[n]
 
@@ -113,11 +125,12 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
     """
     B, device = first.shape[0], first.device
     live = (~ctx.finished)[:, None]
+    rows = float(live.sum()) if adaptive else 0.0
     root_pos = ctx.lengths - 1
     ids, logp = children(first[:, None], k, ctx, root_pos + 1)
     levels = [DraftedTree(ids[:, 0], torch.zeros(B, k, dtype=torch.long, device=device), logp[:, 0],
                           torch.full((B, k), -1, dtype=torch.long, device=device))]
-    width = (depth - 1) * k
+    width = fed_slots(k, depth)
     anc = torch.zeros(B, width, width, dtype=torch.bool, device=device)
     fed, drafted, passes = 0, k, 1
     for d in range(1, depth):
@@ -131,10 +144,10 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
             # Each frontier node's best child taken to be as likely as the node was given its parent.
             own = f_score - torch.gather(torch.cat([torch.zeros(B, 1, device=device), all_scores], 1), 1,
                                          parent_of)
-            now = (all_scores.sort(1, descending=True).values.exp() * live)
-            more = (torch.cat([all_scores, f_score + own], 1).sort(1, descending=True).values.exp() * live)
-            rows = float(live.sum())
-            if best_count(more, rows, passes + 1, ctx.costs, limit)[1] <= best_count(now, rows, passes, ctx.costs, limit)[1]:
+            now = gains(all_scores, live, limit)
+            both = torch.cat([now, gains(torch.cat([all_scores, f_score + own], 1), live, limit)]).tolist()
+            if (best_count(both[len(now):], rows, passes + 1, ctx.costs)[1]  # one host read per level
+                    <= best_count(both[:len(now)], rows, passes, ctx.costs)[1]):
                 break
         offset = drafted - last.tokens.shape[1]                  # node number of the level's first - 1
         parent_slot = _slot_of(levels, parent_of)
@@ -154,8 +167,7 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
     tree = DraftedTree(*(torch.cat([getattr(lv, f) for lv in levels], 1)
                          for f in ("tokens", "parents", "score", "slot")))
     if adaptive:
-        probs = tree.score.sort(1, descending=True).values.exp() * live
-        n = best_count(probs, float(live.sum()), passes, ctx.costs, limit)[0]
+        n = best_count(gains(tree.score, live, limit).tolist(), rows, passes, ctx.costs)[0]
     else:
         n = min(limit, drafted)
     return tree, n, passes
