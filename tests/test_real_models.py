@@ -60,3 +60,29 @@ def test_batch_with_a_draft_is_identical_to_generate(smollm2):
     for b, r in enumerate(rows):
         want = hf_greedy(model, r[None], 24)
         assert out.sequences[b, S: S + len(want)].tolist() == want
+
+
+SYSTEM_PROMPT = (
+    "You are a careful Python reviewer. Answer with code first and keep explanations short. "
+    "Follow PEP 8, prefer the standard library, add type hints, and never invent APIs. "
+    "When a question is ambiguous, state the assumption you make in one sentence."
+)
+
+
+@pytest.mark.parametrize("method", ["draft", "prompt lookup"])
+def test_a_shared_system_prompt_is_computed_once_and_changes_nothing(smollm2, method):
+    model, tok = smollm2
+    rows = [tok.apply_chat_template([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p}],
+                                    add_generation_prompt=True, return_tensors="pt") for p in PROMPTS]
+    rows = [(r if isinstance(r, torch.Tensor) else r["input_ids"])[0] for r in rows]
+    S = max(len(r) for r in rows)
+    ids = torch.full((len(rows), S), tok.pad_token_id or 0)
+    mask = torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        ids[b, S - len(r):], mask[b, S - len(r):] = r, 1
+    chosen = specdec.DraftModel(model, num_draft_tokens=4) if method == "draft" else specdec.PromptLookup()
+    out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=24, method=chosen)
+    assert out.stats.shared_prefix > 40  # the template's header and the system prompt
+    for b, r in enumerate(rows):
+        want = hf_greedy(model, r[None], 24)
+        assert out.sequences[b, S: S + len(want)].tolist() == want

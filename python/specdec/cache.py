@@ -12,7 +12,9 @@ written at ``lengths[b] .. lengths[b] + T - 1`` (rows may have different lengths
   for every layer in one ``kv_commit`` call and advance ``lengths``;
 - :meth:`SpecCache.advance` keeps the first n new entries of each row as they are (a prefill, a
   chain whose first n tokens were accepted);
-- :meth:`SpecCache.rollback` sets ``lengths`` back (no copy).
+- :meth:`SpecCache.rollback` sets ``lengths`` back (no copy);
+- :meth:`SpecCache.copy_row` fills every row from a one-row cache (a prompt prefix the rows
+  share, computed once: :func:`specdec.tree_forward.prefill` with ``shared``).
 
 Nothing is reallocated per step, and no method synchronises with the device.
 """
@@ -162,6 +164,18 @@ class SpecCache(Cache):
         node i was written at ``lengths[b] + i`` by the verification forward."""
         src = self.lengths[:, None] + accept_path.to(self.lengths.dtype).clamp_min(0)
         self.commit(src, accept_len.to(self.lengths.dtype) + 1)
+
+    def copy_row(self, src: SpecCache) -> None:
+        """Makes every row a copy of ``src``'s one row (its entries and length): a shared prompt
+        prefix computed once for the whole batch. Later writes go to each row's own slots."""
+        if src.lengths.shape[0] != 1 or len(src.layers) != len(self.layers) or src.max_length > self.max_length:
+            raise ValueError("SpecCache.copy_row: src must be a one-row cache of the same model, "
+                             f"at most {self.max_length} long")
+        n = src.max_length
+        for layer, one in zip(self.layers, src.layers):
+            layer.keys[:, :, :n] = one.keys
+            layer.values[:, :, :n] = one.values
+        self.lengths.copy_(src.lengths.expand_as(self.lengths))
 
     def advance(self, counts: Tensor) -> None:
         """Keeps the first ``counts[b]`` entries written after ``lengths[b]``, where they are."""

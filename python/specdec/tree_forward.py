@@ -36,8 +36,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from specdec import ops
 from specdec.cache import SpecCache
 
-__all__ = ["ATTN_IMPLEMENTATION", "enable_tree_attention", "node_layout", "prefill", "tree_attention_enabled",
-           "tree_forward"]
+__all__ = ["ATTN_IMPLEMENTATION", "enable_tree_attention", "node_layout", "prefill", "shared_prefix_length",
+           "tree_attention_enabled", "tree_forward"]
 
 ATTN_IMPLEMENTATION = "specdec_tree"
 
@@ -310,6 +310,7 @@ def prefill(
     lengths: Tensor | None = None,
     head: Callable[[Tensor], Tensor] | None = None,
     return_hidden: bool = False,
+    shared: int = 0,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
     commits them; returns the logits after every prompt's last token, ``[B, V]`` (and with
@@ -319,10 +320,42 @@ def prefill(
         model, cache, head, return_hidden: as in :func:`tree_forward`.
         tokens: ``[B, N]`` prompts, right-padded with any token id.
         lengths: ``[B]`` prompt lengths (default: all N).
+        shared: the first ``shared`` tokens are the same in every row (a system prompt; see
+            :func:`shared_prefix_length`) and the cache is empty: they are computed once, in a
+            one-row pass, copied into every row (:meth:`SpecCache.copy_row`), and only the rest
+            of each prompt runs batched. Each row's last prompt token must come after them.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> _ = torch.manual_seed(0)
+        >>> cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        ...                   num_hidden_layers=2, intermediate_size=64, vocab_size=50)
+        >>> model = LlamaForCausalLM(cfg).eval()
+        >>> enable_tree_attention(model)
+        >>> prompts = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 9, 0]])   # row 1 is 4 tokens long
+        >>> lengths = torch.tensor([5, 4])
+        >>> n = shared_prefix_length(prompts, lengths)
+        >>> n
+        3
+        >>> once, twice = (SpecCache(cfg, batch_size=2, max_length=8) for _ in range(2))
+        >>> shared_logits = prefill(model, once, prompts, lengths, shared=n)
+        >>> torch.allclose(shared_logits, prefill(model, twice, prompts, lengths), atol=1e-5)
+        True
     """
     B, N = tokens.shape
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=tokens.device)
+    if shared:
+        if not 0 < shared < int(lengths.min()):
+            raise ValueError(f"specdec.prefill: shared must be 0 or below every prompt's length "
+                             f"({int(lengths.min())}), got {shared}")
+        one = SpecCache(model.config, 1, shared, cache.layers[0].keys.dtype, cache.lengths.device)
+        tree_forward(model, one, tokens[:1, :shared], keep=torch.tensor([shared - 1], device=tokens.device),
+                     head=head)
+        one.advance(torch.tensor([shared]))
+        cache.copy_row(one)
+        tokens, lengths = tokens[:, shared:], lengths - shared
+        N -= shared
     last = (lengths.to(torch.int64) - 1).clamp_min(0).to(tokens.device)
     # The LM head runs only where some row's prompt ends, not over every prompt token.
     columns = torch.unique(last)
@@ -332,3 +365,10 @@ def prefill(
     if return_hidden:
         return out[0][rows, cols], out[1][rows, cols]
     return out[rows, cols]
+
+
+def shared_prefix_length(tokens: Tensor, lengths: Tensor) -> int:
+    """How many leading tokens every row of right-padded prompts ``tokens [B, N]`` has in common,
+    up to the shortest prompt's length minus one (each row keeps its last token for its own pass)."""
+    same = (tokens == tokens[:1]).all(0).to(torch.int64)
+    return min(int(same.cumprod(0).sum()), int(lengths.min()) - 1)

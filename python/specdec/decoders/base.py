@@ -26,10 +26,14 @@ from specdec.decoders.verify import Verifier
 from specdec.ops import TypicalAcceptance
 from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
-from specdec.tree_forward import node_layout, prefill, tree_attention_enabled, tree_forward
+from specdec.tree_forward import node_layout, prefill, shared_prefix_length, tree_attention_enabled, tree_forward
 
 __all__ = ["Context", "GenerateOutput", "GenerateStats", "Method", "Proposal", "Proposer",
            "StepResult", "generate", "left_align"]
+
+# A shared prompt prefix gets a pass of its own: worth it when it spares the batch at least this
+# many tokens of prefill (a short pass costs about what prefilling a few dozen tokens does here).
+SHARE_MIN_SAVED = 64
 
 
 def left_align(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -62,6 +66,7 @@ def generate(
     pass_costs: dict[int, float] | None = None,
     typical: TypicalAcceptance | None = None,
     pace: bool = True,
+    share_prefix: bool = True,
 ) -> GenerateOutput:
     """Generates with speculative decoding; the output is the target's own.
 
@@ -90,6 +95,10 @@ def generate(
         pace: batches (B > 1) only: while steps without candidates advance the batch's slowest
             row faster per ms than the method's steps (measured as decoding goes), decode one
             token per pass (`specdec.decoders.pacing`). False: the method proposes every step.
+        share_prefix: batches only: the leading prompt tokens every row has in common (a system
+            prompt, few-shot examples) are computed once by the target and by each draft model
+            and copied into every row, when that spares at least ``SHARE_MIN_SAVED`` (64) tokens
+            of prefill ((B - 1) x the common length). False: every row computes its whole prompt.
 
     Returns:
         ``GenerateOutput(sequences, stats)``: ``sequences [B, S + max_new_tokens]`` is the input
@@ -130,6 +139,7 @@ def generate(
 
     # Committed tokens of every row: prompt, then output; room for one more step per row.
     capacity = S + max_new_tokens + 1
+    shared = shared_prefix_length(prompt, prompt_len) if share_prefix and B > 1 else 0
     ctx = Context(
         tokens=torch.full((B, capacity), pad, dtype=torch.long, device=device),
         lengths=prompt_len.clone(),
@@ -137,9 +147,10 @@ def generate(
         sampling=sampling,
         streams=streams,
         costs=CostModel(dict(pass_costs or {}), rows=B),
+        shared_prefix=shared if (B - 1) * shared >= SHARE_MIN_SAVED else 0,
     )
     ctx.tokens[:, :S] = prompt
-    stats = GenerateStats()
+    stats = GenerateStats(shared_prefix=ctx.shared_prefix)
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -148,7 +159,7 @@ def generate(
     hidden_wanted = method is not None and method.needs_hidden_states
     with torch.inference_mode(), tree_attention_enabled(*models):
         cache = SpecCache.for_model(model, batch_size=B, max_length=max_length)
-        out = prefill(model, cache, prompt, prompt_len, return_hidden=hidden_wanted)
+        out = prefill(model, cache, prompt, prompt_len, return_hidden=hidden_wanted, shared=ctx.shared_prefix)
         logits, hidden = out if hidden_wanted else (out, None)
         first = verifier.choose(logits, prompt_len)
         stats.prefill_time_s = time.perf_counter() - start

@@ -109,7 +109,7 @@ class DraftModel:
 
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult):
-        return draft_proposer([self], target, prompt, prompt_len, max_length)
+        return draft_proposer([self], target, prompt, prompt_len, max_length, ctx.shared_prefix)
 
     def check_vocabulary(self, target: torch.nn.Module) -> int:
         """The target's vocabulary size, after checking that the draft's ids mean the same
@@ -150,19 +150,20 @@ def _setting(model: torch.nn.Module, name: str):
 
 
 def draft_proposer(drafts: Sequence[DraftModel], target: torch.nn.Module, prompt: Tensor,
-                   prompt_len: Tensor, max_length: int) -> _DraftProposer:
+                   prompt_len: Tensor, max_length: int, shared: int = 0) -> _DraftProposer:
     """The proposer of one draft model, or of several drafting from the mean of their
     distributions (`specdec.Ensemble(..., mix="average")`): lengths, adaptivity and coupling
-    are the first draft's; each draft's tokenizer is checked against the target's."""
+    are the first draft's; each draft's tokenizer is checked against the target's. ``shared``:
+    leading prompt tokens every row has in common, computed once (`Context.shared_prefix`)."""
     target_vocab = drafts[0].check_vocabulary(target)
     for draft in drafts[1:]:
         draft.check_vocabulary(target)
-    return _DraftProposer(drafts, target_vocab, prompt, prompt_len, max_length)
+    return _DraftProposer(drafts, target_vocab, prompt, prompt_len, max_length, shared)
 
 
 class _DraftProposer:
     def __init__(self, drafts: Sequence[DraftModel], target_vocab: int, prompt: Tensor, prompt_len: Tensor,
-                 max_length: int) -> None:
+                 max_length: int, shared: int) -> None:
         self.method = method = drafts[0]
         B = prompt.shape[0]
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
@@ -176,7 +177,7 @@ class _DraftProposer:
                                   d.head_tokens or target_vocab) for d in drafts)
         self.proposable = min(self.proposable, target_vocab)
         for model, cache, head in self.drafts:
-            prefill(model, cache, prompt, prompt_len, head)
+            prefill(model, cache, prompt, prompt_len, head, shared=shared)
 
     @property
     def cache(self) -> SpecCache:

@@ -77,7 +77,11 @@ class Context:
 
     ``max_nodes``: most nodes besides the root the proposer may put in this step's pass (0:
     the root alone); None: its own sizing. Set by the loop's pacing of batches and by
-    combinators (`specdec.Ensemble`)."""
+    combinators (`specdec.Ensemble`).
+
+    ``shared_prefix``: leading prompt tokens every row has in common, computed once by the
+    target's prefill (0: none); a proposer with a model of its own prefills the same way
+    (`specdec.tree_forward.prefill` with ``shared``)."""
 
     tokens: Tensor            # [B, capacity] committed tokens, left-aligned
     lengths: Tensor           # [B] committed tokens per row
@@ -86,6 +90,7 @@ class Context:
     streams: RandomStreams | None  # sampling only: the uniforms of every (row, position)
     costs: CostModel  # target pass costs: profiled, and measured as decoding goes (CPU)
     max_nodes: int | None = None
+    shared_prefix: int = 0
 
     def node_budget(self, wanted: int) -> int:
         """``wanted`` nodes, cut to ``max_nodes``."""

@@ -17,6 +17,7 @@ class GenerateStats:
     new_tokens: int = 0          # tokens generated, all rows
     wall_time_s: float = 0.0
     prefill_time_s: float = 0.0  # the prompt's pass (included in wall_time_s)
+    shared_prefix: int = 0       # leading prompt tokens computed once for all rows (share_prefix)
     new_tokens_per_row: Tensor | None = None  # [B]
 
     @property

@@ -1,0 +1,111 @@
+"""Prefix sharing: a prompt prefix every row of a batch has in common is computed once (by the
+target and by each draft) and copied into every row; outputs stay those of the rows run apart."""
+
+import pytest
+import torch
+from test_decoders import METHODS, hf_greedy, left_padded
+from tiny_models import perturbed, tiny_lm
+
+import specdec
+from specdec.cache import SpecCache
+from specdec.decoders.base import SHARE_MIN_SAVED
+from specdec.tree_forward import enable_tree_attention, prefill, shared_prefix_length
+
+SYSTEM = [0, *range(20, 60)]  # 41 tokens every row starts with
+QUESTIONS = [[5, 17, 33, 5, 17], [40], [9, 9, 9, 61, 70, 71, 72, 9], [3, 4]]
+
+
+def test_shared_prefix_length():
+    ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6], [1, 2, 3, 4, 7]])
+    assert shared_prefix_length(ids, torch.tensor([4, 5, 5])) == 3
+    # Identical prompts: every row keeps its last token for its own pass.
+    same = torch.tensor([[1, 2, 3, 4]] * 3)
+    assert shared_prefix_length(same, torch.tensor([4, 4, 4])) == 3
+    assert shared_prefix_length(same, torch.tensor([4, 2, 4])) == 1
+    assert shared_prefix_length(torch.tensor([[1, 2], [3, 2]]), torch.tensor([2, 2])) == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_prefill_with_a_shared_prefix_fills_the_cache_as_a_full_prefill(family, device):
+    model = tiny_lm(family).to(device)
+    enable_tree_attention(model)
+    prompts = [SYSTEM + q for q in QUESTIONS]
+    S = max(len(p) for p in prompts)
+    ids = torch.tensor([p + [0] * (S - len(p)) for p in prompts], device=device)
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    shared = shared_prefix_length(ids, lengths)
+    assert shared == len(SYSTEM)
+    caches = [SpecCache.for_model(model, len(prompts), S + 4) for _ in range(2)]
+    with_sharing = prefill(model, caches[0], ids, lengths, shared=shared, return_hidden=True)
+    without = prefill(model, caches[1], ids, lengths, return_hidden=True)
+    for a, b in zip(with_sharing, without):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[0].lengths, caches[1].lengths)
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        for x, y in ((a.keys, b.keys), (a.values, b.values)):
+            for row, n in enumerate(lengths.tolist()):
+                torch.testing.assert_close(x[row, :, :n], y[row, :, :n], atol=1e-5, rtol=1e-5)
+            # The shared entries are one computation's copies: equal bit for bit in every row.
+            assert torch.equal(x[:, :, :shared], x[:1, :, :shared].expand_as(x[:, :, :shared]))
+
+
+@pytest.mark.parametrize("name", [None, *METHODS])
+def test_greedy_output_is_that_of_the_rows_run_apart(name):
+    target = tiny_lm("llama")
+    draft = perturbed(target, 0.05, seed=1)
+    prompts = [SYSTEM + q for q in QUESTIONS]
+    ids, mask = left_padded(prompts)
+    method = None if name is None else METHODS[name](draft)
+    out = specdec.generate(target, ids, max_new_tokens=16, method=method, attention_mask=mask,
+                           pad_token_id=2, pace=False)
+    assert out.stats.shared_prefix == len(SYSTEM)
+    for b, p in enumerate(prompts):
+        want = hf_greedy(target, p, 16)
+        assert out.sequences[b, ids.shape[1]:ids.shape[1] + len(want)].tolist() == want
+
+
+def test_the_draft_computes_the_prefix_once_too():
+    target = tiny_lm("qwen2")
+    draft_model = perturbed(target, 0.05, seed=1)
+    prompts = [SYSTEM + q for q in QUESTIONS]
+    ids, mask = left_padded(prompts)
+    outs, passes = [], []
+    for share in (True, False):
+        shapes = []  # [B, T] of every pass of the draft
+        hook = draft_model.get_decoder().register_forward_pre_hook(
+            lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        outs.append(specdec.generate(target, ids, max_new_tokens=12, method=specdec.DraftModel(draft_model, 3),
+                                     attention_mask=mask, pad_token_id=2, pace=False, share_prefix=share))
+        hook.remove()
+        passes.append(shapes)
+    assert [o.stats.shared_prefix for o in outs] == [len(SYSTEM), 0]
+    longest = max(len(q) for q in QUESTIONS)
+    # The draft's prompt passes: the prefix for one row, then the questions for all rows; or
+    # the whole prompts for all rows.
+    assert passes[0][:2] == [(1, len(SYSTEM)), (4, longest)]
+    assert passes[1][0] == (4, len(SYSTEM) + longest)
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    # The draft proposed the same tokens from its shared prefix as from its full prefill.
+    assert outs[0].stats.total_accepted == outs[1].stats.total_accepted
+
+
+def test_prefix_is_shared_only_when_it_spares_enough_prefill():
+    target = tiny_lm("llama")
+    short = [[0, 20, 21, 22] + q for q in QUESTIONS]  # 3 rows x 4 tokens spared: not worth a pass
+    ids, mask = left_padded(short)
+    assert 3 * 4 < SHARE_MIN_SAVED
+    out = specdec.generate(target, ids, max_new_tokens=4, attention_mask=mask, pad_token_id=2)
+    assert out.stats.shared_prefix == 0
+    one = specdec.generate(target, torch.tensor([SYSTEM + [5]]), max_new_tokens=4)
+    assert one.stats.shared_prefix == 0  # one row: nothing to share
+
+
+def test_bad_shared_lengths_get_clear_errors():
+    model = tiny_lm("llama")
+    enable_tree_attention(model)
+    ids = torch.tensor([[1, 2, 3], [1, 2, 4]])
+    for shared in (3, -1):
+        with pytest.raises(ValueError, match="shared"):
+            prefill(model, SpecCache.for_model(model, 2, 8), ids, torch.tensor([3, 2]), shared=shared)
+    with pytest.raises(ValueError, match="one-row cache"):
+        SpecCache.for_model(model, 2, 8).copy_row(SpecCache.for_model(model, 2, 8))
