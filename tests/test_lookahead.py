@@ -174,12 +174,12 @@ def test_adaptive_sizes_follow_the_pass_costs_and_the_hits():
 
     # Flat costs (a GPU): every guess and the whole window.
     assert sizes({1: 10.0, 64: 10.0}) == (2, 6)
-    # Every token costs a one-token pass: no guesses, no window, except one column every 8th
-    # step (which also tries every guess) so that the window keeps filling.
+    # Every token costs a one-token pass: no guesses, no window, except every 8th step one
+    # column (so that the window keeps filling) and one guess more than pays (its hits measured).
     steep = {k: 10.0 * k for k in (1, 2, 4, 8, 16, 32, 64)}
     assert sizes(steep) == (0, 0)
     proposer.steps = 8
-    assert sizes(steep) == (2, 1)
+    assert sizes(steep) == (1, 1)
     proposer.steps = 1
     # Flat to 8 tokens, then rising: the window may cost half of the 1.2 tokens the guesses add,
     # 10 ms * 1.6 = 16 ms: 3 columns (11 tokens, 13.75 ms), not 4 (13 tokens, 16.25 ms).

@@ -171,11 +171,10 @@ class _LookaheadProposer:
         if not m.adaptive:
             return guesses, columns_within(room - guesses * n1)
         base = self.copy.acceptance.expected(copied) if copied else 1.0  # tokens without guesses
+        g = max(range(guesses + 1), key=lambda i: (base + self.hit[i]) / cost(1 + copied + i * n1))
         explore = self.steps % EXPLORE_EVERY == 0
-        if explore:
-            g = guesses
-        else:
-            g = max(range(guesses + 1), key=lambda i: (base + self.hit[i]) / cost(1 + copied + i * n1))
+        if explore:  # one guess more than pays, so its hits are measured (not all G: they cost)
+            g = min(g + 1, guesses)
         # The window pays through the pool: it may cost at most half of what the pool's guesses
         # add (the other half is kept); the copy's tokens do not come from the window.
         verified = 1 + copied + g * n1
