@@ -3,8 +3,9 @@
 Each batch mixes three kinds of prompts, in turn: code generation, code editing (the answer
 copies the prompt) and short chat questions; rows are left-padded as for batched generation.
 For each batch size, interleaved: HF ``generate`` (batched, greedy), our ``method=None`` (one
-token per pass), and each method given; every output is checked identical to our one-token
-decoding of the same batch. Writes ``bench/results/batch_sizes-<model>-<dtype>.{json,md,png}``.
+token per pass; also with stopped rows kept in every pass, ``drop_finished=False``, as HF does),
+and each method given; every output is checked identical to our one-token decoding of the same
+batch. Writes ``bench/results/batch_sizes-<model>-<dtype>[-<tag>].{json,md,png}``.
 
     python bench/batch_sizes.py --model qwen2.5-coder-0.5b --sizes 1,2,4,8,16
 
@@ -27,6 +28,7 @@ from specdec.cli import _encode, pad_token_id
 CHAT_PROMPTS = ["What is the difference between a list and a tuple in Python?",
                 "Name three sorting algorithms and when to use each."]
 METHODS = {"prompt_lookup": lambda: specdec.PromptLookup(), "lookahead": lambda: specdec.Lookahead()}
+KEPT = {"drop_finished": False}
 
 
 def mixed_prompts(n: int) -> list[str]:
@@ -55,15 +57,18 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS), help=f"of {sorted(METHODS)}")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--tag", default="", help="appended to the result files' names")
     args = parser.parse_args()
     model, tok = prepared_model(args)
     pad = pad_token_id(tok)
-    methods = {"specdec_one_token": lambda: None,
-               **{f"specdec_{m}": METHODS[m] for m in args.methods.split(",") if m}}
+    # One-token decoding with stopped rows kept in every pass (drop_finished=False): what
+    # dropping them buys.
+    methods = {"specdec_one_token": (lambda: None, {}), "specdec_one_token_kept": (lambda: None, KEPT),
+               **{f"specdec_{m}": (METHODS[m], {}) for m in args.methods.split(",") if m}}
     ids, mask = batch(tok, mixed_prompts(2))  # warm-up: first passes pay for kernel generation
     model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=pad)
-    for make in methods.values():
-        specdec.generate(model, ids, attention_mask=mask, max_new_tokens=4, method=make(), pad_token_id=pad)
+    for make, kw in methods.values():
+        specdec.generate(model, ids, attention_mask=mask, max_new_tokens=4, method=make(), pad_token_id=pad, **kw)
     rows = []
     for B in [int(b) for b in args.sizes.split(",")]:
         ids, mask = batch(tok, mixed_prompts(B))
@@ -77,8 +82,9 @@ def main() -> None:
         rows.append({"batch": B, "method": "hf_batched", "tokens": hf_new, "seconds": secs,
                      "tok/s": hf_new / secs, "passes": None, "= one-token": None})
         reference = None
-        for name, make in methods.items():
-            out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=N, method=make(), pad_token_id=pad)
+        for name, (make, kw) in methods.items():
+            out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=N, method=make(), pad_token_id=pad,
+                                   **kw)
             st = out.stats
             reference = out.sequences if reference is None else reference
             rows.append({"batch": B, "method": name, "tokens": st.new_tokens, "seconds": st.wall_time_s,
@@ -107,8 +113,8 @@ def _write(args, rows: list[dict]) -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"batch_sizes-{Path(args.model).name}-{args.dtype}"
-    meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens,
+    stem = f"batch_sizes-{Path(args.model).name}-{args.dtype}" + (f"-{args.tag}" if args.tag else "")
+    meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "tag": args.tag,
             "threads": torch.get_num_threads()}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / f"{stem}.md").write_text(_table(rows) + "\n")

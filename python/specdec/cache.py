@@ -14,7 +14,8 @@ written at ``lengths[b] .. lengths[b] + T - 1`` (rows may have different lengths
   chain whose first n tokens were accepted);
 - :meth:`SpecCache.rollback` sets ``lengths`` back (no copy);
 - :meth:`SpecCache.copy_row` fills every row from a one-row cache (a prompt prefix the rows
-  share, computed once: :func:`specdec.tree_forward.prefill` with ``shared``).
+  share, computed once: :func:`specdec.tree_forward.prefill` with ``shared``);
+- :meth:`SpecCache.keep_rows` drops rows (those that finished).
 
 Nothing is reallocated per step, and no method synchronises with the device.
 """
@@ -176,6 +177,13 @@ class SpecCache(Cache):
             layer.keys[:, :, :n] = one.keys
             layer.values[:, :, :n] = one.values
         self.lengths.copy_(src.lengths.expand_as(self.lengths))
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """The batch keeps only ``rows`` (indices into it, in their new order): their entries
+        are copied into buffers of that many rows (rows that have finished stop costing)."""
+        self.lengths = self.lengths[rows]
+        for layer in self.layers:
+            layer.keys, layer.values, layer.lengths = layer.keys[rows], layer.values[rows], self.lengths
 
     def advance(self, counts: Tensor) -> None:
         """Keeps the first ``counts[b]`` entries written after ``lengths[b]``, where they are."""

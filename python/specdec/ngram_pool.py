@@ -76,6 +76,10 @@ class NGramPool:
         """Memory held by the state, in bytes."""
         return sum(t.numel() * t.element_size() for t in (self.head, self.entries, self.cursor))
 
+    def keep_rows(self, rows: Tensor) -> None:
+        """The batch keeps only ``rows`` (indices into it, in their new order)."""
+        self.head, self.entries, self.cursor = self.head[rows], self.entries[rows], self.cursor[rows]
+
     def insert(self, ngrams: Tensor) -> None:
         """Inserts ``ngrams [batch, M, n]`` (any index dtype), row by row in order m = 0..M-1."""
         ops.ngram_pool_insert(self.head, self.entries, self.cursor, ngrams.to(self.head.dtype), self.g)

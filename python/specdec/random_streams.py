@@ -45,6 +45,11 @@ class RandomStreams:
 
     def __init__(self, seed: int) -> None:
         self.seed = int(seed) & ((1 << 64) - 1)
+        self.row_ids: Tensor | None = None  # the batch's rows' own ids (None: 0 .. B - 1)
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """The batch keeps only ``rows`` (indices into it): each keeps its own numbers."""
+        self.row_ids = rows.clone() if self.row_ids is None else self.row_ids[rows]
 
     @classmethod
     def from_generator(cls, generator: torch.Generator | None) -> RandomStreams:
@@ -57,7 +62,8 @@ class RandomStreams:
         """float64 uniforms ``[B, T]`` in [0, 1) for absolute ``positions [B, T]`` of rows
         ``0 .. B - 1`` (53 random bits each); ``stream``: an int or ``[B, T]`` ints."""
         B = positions.shape[0]
-        rows = torch.arange(B, device=positions.device, dtype=torch.int64)[:, None]
+        rows = (torch.arange(B, device=positions.device) if self.row_ids is None else self.row_ids)
+        rows = rows.to(device=positions.device, dtype=torch.int64)[:, None]
         h = _pcg(torch.full_like(positions, self.seed & _MASK32, dtype=torch.int64))
         h = _pcg(h ^ (self.seed >> 32))
         h = _pcg(h ^ rows)

@@ -67,6 +67,7 @@ def generate(
     typical: TypicalAcceptance | None = None,
     pace: bool = True,
     share_prefix: bool = True,
+    drop_finished: bool = True,
 ) -> GenerateOutput:
     """Generates with speculative decoding; the output is the target's own.
 
@@ -99,6 +100,10 @@ def generate(
             prompt, few-shot examples) are computed once by the target and by each draft model
             and copied into every row, when that spares at least ``SHARE_MIN_SAVED`` (64) tokens
             of prefill ((B - 1) x the common length). False: every row computes its whole prompt.
+        drop_finished: batches only: a row that has stopped (EOS, ``max_new_tokens``) leaves the
+            batch after the step it stopped in (its cache entries and its proposer state
+            dropped), so later passes run only the rows still going. False: stopped rows stay
+            in every pass (as in HF's batched ``generate``), computing their root.
 
     Returns:
         ``GenerateOutput(sequences, stats)``: ``sequences [B, S + max_new_tokens]`` is the input
@@ -178,13 +183,16 @@ def generate(
                               logits[:, None], None if hidden is None else hidden[:, None])
             proposer = method.start(model, ctx, prompt, prompt_len, max_length, step)
         pacing = Pacing() if pace and proposer is not None and B > 1 else None
-        while not bool(ctx.finished.all()):
+        batch = _Batch(ctx, generated, drop_finished and getattr(proposer, "drops_rows", True)
+                       and (proposer is None or hasattr(proposer, "keep_rows")))
+        while batch.going(cache, streams, proposer):
+            ctx, generated = batch.ctx, batch.generated
             step_start = time.perf_counter()
             budget = pacing.budget() if pacing is not None else None
             step_ctx = ctx if budget is None else dataclasses.replace(ctx, max_nodes=budget)
             proposal = proposer.propose(step_ctx) if proposer else Proposal.root_only(ctx.roots())
-            # Rows that have stopped are still computed (their roots) but verify nothing: their
-            # candidates would only widen the batch's pass.
+            # Rows that have stopped (kept with drop_finished=False) are still computed (their
+            # roots) but verify nothing: their candidates would only widen the batch's pass.
             proposal = dataclasses.replace(proposal, tokens=torch.where(
                 ctx.finished[:, None] & proposal.is_candidate(), -1, proposal.tokens))
             if device.type == "cpu":  # run the real nodes only: a host read is free here
@@ -209,8 +217,8 @@ def generate(
             emitted = torch.gather(proposal.tokens, 1, path[:, 1:].clamp_min(0))
             emitted = torch.cat([emitted, torch.zeros_like(nxt)[:, None]], 1)
             emitted.scatter_(1, n[:, None], nxt[:, None])
-            stats.proposed.append(torch.where(live, candidate.sum(1), 0))
-            stats.accepted.append(torch.where(live, n, 0))
+            stats.proposed.append(batch.every_row_of(torch.where(live, candidate.sum(1), 0)))
+            stats.accepted.append(batch.every_row_of(torch.where(live, n, 0)))
             _emit(ctx, emitted, torch.where(live, n + 1, 0), generated, max_new_tokens, eos, streamer)
             if proposer:
                 proposer.update(ctx, StepResult(proposal, path, n, nxt, logits, hidden))
@@ -219,6 +227,7 @@ def generate(
                 slowest = int(torch.where(live & ~ctx.finished, n + 1, none_going).min())  # one host read
                 if slowest != none_going:
                     pacing.observe(slowest, (time.perf_counter() - step_start) * 1e3)
+        tokens, generated = batch.every_row()
     if streamer is not None:
         streamer.end()
     stats.new_tokens = int(generated.sum())
@@ -228,8 +237,52 @@ def generate(
     columns = torch.arange(max_new_tokens, device=device)
     src = (prompt_len[:, None] + columns).clamp_max(capacity - 1)
     keep = columns < generated[:, None]
-    new = torch.where(keep, torch.gather(ctx.tokens, 1, src), new)
+    new = torch.where(keep, torch.gather(tokens, 1, src), new)
     return GenerateOutput(torch.cat([input_ids, new], 1), stats)
+
+
+class _Batch:
+    """The rows still in the batch: with ``drop``, rows that stopped leave it between steps
+    (their committed tokens kept here for the output)."""
+
+    def __init__(self, ctx: Context, generated: Tensor, drop: bool) -> None:
+        self.ctx, self.generated, self.drop = ctx, generated, drop
+        self.tokens, self.all_generated = ctx.tokens, generated  # every row, as given
+        self.ids = torch.arange(generated.shape[0], device=generated.device)  # each row's index there
+
+    def going(self, cache: SpecCache, streams: RandomStreams | None, proposer: Proposer | None) -> bool:
+        """Whether any row is still going (one host read); drops the rows that stopped."""
+        ctx = self.ctx
+        live = int((~ctx.finished).sum())
+        if self.drop and 0 < live < ctx.finished.shape[0]:
+            rows = (~ctx.finished).nonzero()[:, 0]
+            self._write_back()
+            self.ids = self.ids[rows]
+            self.generated = self.generated[rows]
+            self.ctx = dataclasses.replace(ctx, tokens=ctx.tokens[rows], lengths=ctx.lengths[rows],
+                                           finished=ctx.finished[rows])
+            self.ctx.costs.rows = live
+            cache.keep_rows(rows)
+            for part in (streams, proposer):
+                if part is not None:
+                    part.keep_rows(rows)
+        return live > 0
+
+    def every_row_of(self, values: Tensor) -> Tensor:
+        """``[B]`` per-row values of the rows in the batch, 0 for the rows that left it."""
+        if values.shape[0] == self.all_generated.shape[0]:
+            return values
+        return values.new_zeros(self.all_generated.shape).index_copy_(0, self.ids, values)
+
+    def every_row(self) -> tuple[Tensor, Tensor]:
+        """Committed tokens ``[B, capacity]`` and new-token counts ``[B]`` of every row as given."""
+        self._write_back()
+        return self.tokens, self.all_generated
+
+    def _write_back(self) -> None:
+        if self.ctx.tokens is not self.tokens:
+            self.tokens[self.ids] = self.ctx.tokens
+            self.all_generated[self.ids] = self.generated
 
 
 def _without_trailing_padding(proposal: Proposal) -> Proposal:

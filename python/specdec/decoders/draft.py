@@ -276,6 +276,10 @@ class _DraftProposer:
         proposal, self.tree_slots = select(tree, n, ctx.roots())
         return proposal
 
+    def keep_rows(self, rows: Tensor) -> None:
+        for _, cache, _ in self.drafts:
+            cache.keep_rows(rows)
+
     def update(self, ctx: Context, step: StepResult) -> None:
         if self.tree_slots is not None:
             # Move the accepted nodes' entries into place: those fed to the draft, a prefix of

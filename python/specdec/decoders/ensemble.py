@@ -174,6 +174,15 @@ class _UnionProposer:
         self.live = ~ctx.finished
         return merged
 
+    @property
+    def drops_rows(self) -> bool:
+        return all(hasattr(p, "keep_rows") for p in self.proposers)
+
+    def keep_rows(self, rows: Tensor) -> None:
+        for proposer, costs in zip(self.proposers, self.costs):
+            proposer.keep_rows(rows)
+            costs.rows = rows.numel()
+
     def update(self, ctx: Context, step: StepResult) -> None:
         steps = member_steps(step, self.proposals, self.index)
         for proposer, costs, own in zip(self.proposers, self.costs, steps):

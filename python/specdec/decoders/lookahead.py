@@ -216,6 +216,10 @@ class _LookaheadProposer:
                         torch.cat([parents, torch.zeros_like(window)], 1),
                         attention_mask=mask, position_ids=positions, candidates=candidates)
 
+    def keep_rows(self, rows: Tensor) -> None:
+        self.pool.keep_rows(rows)
+        self.levels = self.levels[rows]
+
     def update(self, ctx: Context, step: StepResult) -> None:
         m = self.method
         self._advance_window(step.logits)

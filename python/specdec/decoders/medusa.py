@@ -120,3 +120,8 @@ class _MedusaProposer:
 
     def update(self, ctx: Context, step: StepResult) -> None:
         self.read(step.hidden_at_last())
+
+    def keep_rows(self, rows: Tensor) -> None:
+        self.ids, self.logprobs = self.ids[rows], self.logprobs[rows]
+        if self.parents is not None:
+            self.parents = self.parents[rows]

@@ -112,6 +112,9 @@ class _LookupProposer:
         with_sides = (expected + self.side_gain) / ctx.costs.target(1 + k + 2 * side)
         return with_sides > expected / ctx.costs.target(1 + k)
 
+    def keep_rows(self, rows: Tensor) -> None:
+        """Nothing to drop: no per-row state lasts from one step to the next."""
+
     def update(self, ctx: Context, step: StepResult) -> None:
         # The estimates cost a host sync: only when they are used.
         if not self.method.adaptive:

@@ -141,6 +141,12 @@ class Proposer(Protocol):
     def update(self, ctx: Context, step: StepResult) -> None:
         """Called after each step, with the committed context already advanced."""
 
+    def keep_rows(self, rows: Tensor) -> None:
+        """After a step's update: the batch keeps only ``rows`` (indices into it, in their new
+        order; the others have finished). Optional: a proposer without it (or whose
+        ``drops_rows`` property is False, as an ensemble's with such a member) keeps the batch
+        whole."""
+
 
 class Method(Protocol):
     """A speculative decoding method: how to build its proposer for one `generate` call."""
