@@ -1,7 +1,8 @@
 """Batched decoding: tokens per second against batch size, ours next to HF's batched generate.
 
-Each batch mixes three kinds of prompts, in turn: code generation, code editing (the answer
-copies the prompt) and short chat questions; rows are left-padded as for batched generation.
+Each batch takes kinds of prompts in turn (``--kinds``; default: code generation, code editing,
+whose answer copies the prompt, and short chat questions; ``short``: questions answered in a
+few tokens); rows are left-padded as for batched generation.
 For each batch size, interleaved: HF ``generate`` (batched, greedy), our ``method=None`` (one
 token per pass; also with stopped rows kept in every pass, ``drop_finished=False``, as HF does),
 and each method given; every output is checked identical to our one-token decoding of the same
@@ -31,10 +32,19 @@ METHODS = {"prompt_lookup": lambda: specdec.PromptLookup(), "lookahead": lambda:
 KEPT = {"drop_finished": False}
 
 
-def mixed_prompts(n: int) -> list[str]:
-    """n prompts taking the kinds in turn: generation, editing, chat, generation, ..."""
-    kinds = [GENERATION_PROMPTS, EDITING_PROMPTS, CHAT_PROMPTS]
-    return [kinds[i % 3][(i // 3) % len(kinds[i % 3])] for i in range(n)]
+# Questions answered in a few tokens: rows that stop long before the others.
+SHORT_PROMPTS = ["Answer with one number only: what is 17 + 25?",
+                 "Answer with one word only: which Python keyword defines a function?",
+                 "Answer yes or no only: is a Python tuple mutable?",
+                 "Answer with one word only: which built-in gives the length of a list?"]
+KINDS = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS, "chat": CHAT_PROMPTS,
+         "short": SHORT_PROMPTS}
+
+
+def mixed_prompts(n: int, kinds: list[str]) -> list[str]:
+    """n prompts taking the kinds in turn (e.g. generation, editing, chat, generation, ...)."""
+    sets = [KINDS[k] for k in kinds]
+    return [sets[i % len(sets)][(i // len(sets)) % len(sets[i % len(sets)])] for i in range(n)]
 
 
 def batch(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,6 +68,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="", help="appended to the result files' names")
+    parser.add_argument("--kinds", default="generation,editing,chat",
+                        help=f"prompt kinds taken in turn, of {sorted(KINDS)}")
     args = parser.parse_args()
     model, tok = prepared_model(args)
     pad = pad_token_id(tok)
@@ -65,13 +77,14 @@ def main() -> None:
     # dropping them buys.
     methods = {"specdec_one_token": (lambda: None, {}), "specdec_one_token_kept": (lambda: None, KEPT),
                **{f"specdec_{m}": (METHODS[m], {}) for m in args.methods.split(",") if m}}
-    ids, mask = batch(tok, mixed_prompts(2))  # warm-up: first passes pay for kernel generation
+    kinds = args.kinds.split(",")
+    ids, mask = batch(tok, mixed_prompts(2, kinds))  # warm-up: first passes pay for kernel generation
     model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=pad)
     for make, kw in methods.values():
         specdec.generate(model, ids, attention_mask=mask, max_new_tokens=4, method=make(), pad_token_id=pad, **kw)
     rows = []
     for B in [int(b) for b in args.sizes.split(",")]:
-        ids, mask = batch(tok, mixed_prompts(B))
+        ids, mask = batch(tok, mixed_prompts(B, kinds))
         S, N = ids.shape[1], args.new_tokens
         start = time.perf_counter()
         with torch.inference_mode():
@@ -115,6 +128,7 @@ def _write(args, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"batch_sizes-{Path(args.model).name}-{args.dtype}" + (f"-{args.tag}" if args.tag else "")
     meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "tag": args.tag,
+            "kinds": args.kinds,
             "threads": torch.get_num_threads()}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / f"{stem}.md").write_text(_table(rows) + "\n")
