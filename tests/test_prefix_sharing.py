@@ -109,3 +109,24 @@ def test_bad_shared_lengths_get_clear_errors():
             prefill(model, SpecCache.for_model(model, 2, 8), ids, torch.tensor([3, 2]), shared=shared)
     with pytest.raises(ValueError, match="one-row cache"):
         SpecCache.for_model(model, 2, 8).copy_row(SpecCache.for_model(model, 2, 8))
+
+
+class CostsAtStart(specdec.PromptLookup):
+    """Prompt lookup that records the target's cost points it starts with."""
+
+    def start(self, target, ctx, *args):
+        self.costs_at_start = dict(ctx.costs.target_ms)
+        return super().start(target, ctx, *args)
+
+
+def test_the_prompts_pass_is_priced_by_the_rows_own_tokens():
+    # The batch's first cost point is its prompt's batched pass: with a shared prefix, only the
+    # rows' own parts ran batched (B x (S - shared) tokens), not B x S.
+    target = tiny_lm("llama")
+    prompts = [SYSTEM + q for q in QUESTIONS]
+    ids, mask = left_padded(prompts)
+    for share, tokens in ((True, len(prompts) * (ids.shape[1] - len(SYSTEM))), (False, ids.numel())):
+        method = CostsAtStart()
+        specdec.generate(target, ids, max_new_tokens=2, method=method, attention_mask=mask, pad_token_id=2,
+                         share_prefix=share)
+        assert list(method.costs_at_start) == [tokens]

@@ -170,8 +170,9 @@ def generate(
         stats.prefill_time_s = time.perf_counter() - start
         if B > 1 and device.type == "cpu" and not pass_costs:
             # A batch's first point of the cost curve: the prompt's pass (B x S tokens), so the
-            # first steps are not sized as if every pass cost the same.
-            ctx.costs.observe_target(S, stats.prefill_time_s * 1e3)
+            # first steps are not sized as if every pass cost the same. A shared prefix ran
+            # apart: the batched pass was the rest (its time an upper bound, the prefix's included).
+            ctx.costs.observe_target(S - ctx.shared_prefix, stats.prefill_time_s * 1e3)
         stats.target_forwards += 1
         generated = torch.zeros(B, dtype=torch.long, device=device)
         _emit(ctx, first[:, None], torch.ones_like(generated), generated, max_new_tokens, eos, streamer)
