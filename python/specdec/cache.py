@@ -15,9 +15,11 @@ written at ``lengths[b] .. lengths[b] + T - 1`` (rows may have different lengths
 - :meth:`SpecCache.rollback` sets ``lengths`` back (no copy);
 - :meth:`SpecCache.copy_row` fills every row from a one-row cache (a prompt prefix the rows
   share, computed once: :func:`specdec.tree_forward.prefill` with ``shared``);
-- :meth:`SpecCache.keep_rows` drops rows (those that finished).
+- :meth:`SpecCache.keep_rows` drops rows (those that finished; the others' entries are copied
+  into buffers of that many rows).
 
-Nothing is reallocated per step, and no method synchronises with the device.
+Nothing is reallocated per step (only when rows leave), and no method synchronises with the
+device.
 """
 
 from __future__ import annotations

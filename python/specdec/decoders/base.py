@@ -184,8 +184,8 @@ def generate(
                               logits[:, None], None if hidden is None else hidden[:, None])
             proposer = method.start(model, ctx, prompt, prompt_len, max_length, step)
         pacing = Pacing() if pace and proposer is not None and B > 1 else None
-        batch = _Batch(ctx, generated, drop_finished and getattr(proposer, "drops_rows", True)
-                       and (proposer is None or hasattr(proposer, "keep_rows")))
+        can_drop = proposer is None or (hasattr(proposer, "keep_rows") and getattr(proposer, "drops_rows", True))
+        batch = _Batch(ctx, generated, drop_finished and can_drop)
         while batch.going(cache, streams, proposer):
             ctx, generated = batch.ctx, batch.generated
             step_start = time.perf_counter()
