@@ -137,3 +137,22 @@ def test_smollm2_decoders_identical_to_one_token_decoding_in_bf16():
         want = specdec.generate(model, ids, max_new_tokens=40, method=None).sequences
         for method in (specdec.PromptLookup(), specdec.Lookahead()):
             assert torch.equal(specdec.generate(model, ids, max_new_tokens=40, method=method).sequences, want)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_bf16_exactness_holds_with_a_shared_prefix_and_rows_leaving(family):
+    # Prefix sharing and rows leaving change how the batch is computed, not a token's logits:
+    # every decoder still emits exactly what one-token decoding of the same batch emits.
+    target = tiny(family, torch.bfloat16)
+    system = list(range(20, 60))
+    prompts = [system + p for p in PROMPTS]
+    ids, mask = left_padded(prompts)
+    eos = specdec.generate(target, ids[:1], max_new_tokens=8, attention_mask=mask[:1], pad_token_id=2,
+                           eos_token_id=[]).sequences[0, ids.shape[1] + 5].item()  # row 0 stops early
+    kw = dict(max_new_tokens=32, attention_mask=mask, pad_token_id=2, eos_token_id=eos, pace=False)
+    want = specdec.generate(target, ids, method=None, **kw)
+    assert want.stats.shared_prefix == len(system) + 1  # every prompt then starts with token 0
+    assert want.stats.new_tokens_per_row.min() < 32 == want.stats.new_tokens_per_row.max()  # row 0 left
+    for name, method in decoders(target, torch.bfloat16).items():
+        out = specdec.generate(target, ids, method=method, **kw)
+        assert torch.equal(out.sequences, want.sequences), name
