@@ -156,10 +156,10 @@ def main() -> None:
             st, passes = out.stats, timer.reset()
             S = ids.shape[1]
             same = all(torch.equal(out.sequences[b, S:S + len(a)], a) for b, a in enumerate(apart))
-            # The draft's prompt passes come first: two with sharing (prefix, then the questions), one without.
-            prompt_passes = 2 if st.shared_prefix else 1
+            # The draft's prompt passes come first: one per shared prefix, then the rows' own parts.
+            prompt_passes = 1 + len(st.shared_prefixes)
             results.append({
-                "method": name, "share_prefix": share, "shared_tokens": st.shared_prefix,
+                "method": name, "share_prefix": share, "shared_tokens": sum(g.length for g in st.shared_prefixes),
                 "prompt_tokens": int(mask.sum()), "new_tokens": st.new_tokens, "seconds": st.wall_time_s,
                 "tok/s": st.tokens_per_second, "target_prefill_s": st.prefill_time_s,
                 "draft_prefill_s": sum(passes[:prompt_passes]) / 1e3 if passes else None,

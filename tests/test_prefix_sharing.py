@@ -9,20 +9,36 @@ from tiny_models import perturbed, tiny_lm
 import specdec
 from specdec.cache import SpecCache
 from specdec.decoders.base import SHARE_MIN_SAVED
-from specdec.tree_forward import enable_tree_attention, prefill, shared_prefix_length
+from specdec.tree_forward import SharedPrefix, enable_tree_attention, prefill, shared_prefixes
 
 SYSTEM = [0, *range(20, 60)]  # 41 tokens every row starts with
 QUESTIONS = [[5, 17, 33, 5, 17], [40], [9, 9, 9, 61, 70, 71, 72, 9], [3, 4]]
 
 
-def test_shared_prefix_length():
-    ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6], [1, 2, 3, 4, 7]])
-    assert shared_prefix_length(ids, torch.tensor([4, 5, 5])) == 3
+def rows_of(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and lengths."""
+    S = max(len(p) for p in prompts)
+    return torch.tensor([p + [0] * (S - len(p)) for p in prompts]), torch.tensor([len(p) for p in prompts])
+
+
+def test_shared_prefixes_group_the_rows_that_start_alike():
+    ids, lengths = rows_of([[1, 2, 3, 4], [1, 2, 3, 5, 6], [1, 2, 3, 4, 7]])
+    assert shared_prefixes(ids, lengths) == (SharedPrefix((0, 1, 2), 3),)
     # Identical prompts: every row keeps its last token for its own pass.
     same = torch.tensor([[1, 2, 3, 4]] * 3)
-    assert shared_prefix_length(same, torch.tensor([4, 4, 4])) == 3
-    assert shared_prefix_length(same, torch.tensor([4, 2, 4])) == 1
-    assert shared_prefix_length(torch.tensor([[1, 2], [3, 2]]), torch.tensor([2, 2])) == 0
+    assert shared_prefixes(same, torch.tensor([4, 4, 4])) == (SharedPrefix((0, 1, 2), 3),)
+    assert shared_prefixes(same, torch.tensor([4, 2, 4])) == (SharedPrefix((0, 2), 3),)
+    assert shared_prefixes(*rows_of([[1, 2], [3, 2]])) == ()
+    # Two system prompts, rows interleaved; a row of its own. Each group is formed when it
+    # spares more than min_saved tokens: A's 3 rows x 50 tokens spare 100, B's 2 rows x 40 spare 40.
+    a, b = list(range(10, 60)), list(range(100, 140))
+    prompts = [a + [1], b + [2], a + [3, 4], b + [5], a + [6], [7, 8]]
+    assert shared_prefixes(*rows_of(prompts)) == (SharedPrefix((0, 2, 4), 50), SharedPrefix((1, 3), 40))
+    assert shared_prefixes(*rows_of(prompts), min_saved=64) == (SharedPrefix((0, 2, 4), 50),)
+    # A short common start does not glue the groups together: sharing each whole prompt spares more.
+    c, d = [9, 9] + list(range(200, 280)), [9, 9] + list(range(300, 380))
+    assert shared_prefixes(*rows_of([c + [1], d + [2], c + [3], d + [4]]), min_saved=64) == (
+        SharedPrefix((0, 2), 82), SharedPrefix((1, 3), 82))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -33,10 +49,11 @@ def test_prefill_with_a_shared_prefix_fills_the_cache_as_a_full_prefill(family, 
     S = max(len(p) for p in prompts)
     ids = torch.tensor([p + [0] * (S - len(p)) for p in prompts], device=device)
     lengths = torch.tensor([len(p) for p in prompts], device=device)
-    shared = shared_prefix_length(ids, lengths)
-    assert shared == len(SYSTEM)
+    groups = shared_prefixes(ids, lengths)
+    assert groups == (SharedPrefix((0, 1, 2, 3), len(SYSTEM)),)
+    shared = len(SYSTEM)
     caches = [SpecCache.for_model(model, len(prompts), S + 4) for _ in range(2)]
-    with_sharing = prefill(model, caches[0], ids, lengths, shared=shared, return_hidden=True)
+    with_sharing = prefill(model, caches[0], ids, lengths, shared=groups, return_hidden=True)
     without = prefill(model, caches[1], ids, lengths, return_hidden=True)
     for a, b in zip(with_sharing, without):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -58,7 +75,7 @@ def test_greedy_output_is_that_of_the_rows_run_apart(name):
     method = None if name is None else METHODS[name](draft)
     out = specdec.generate(target, ids, max_new_tokens=16, method=method, attention_mask=mask,
                            pad_token_id=2, pace=False)
-    assert out.stats.shared_prefix == len(SYSTEM)
+    assert out.stats.shared_prefixes == (SharedPrefix((0, 1, 2, 3), len(SYSTEM)),)
     for b, p in enumerate(prompts):
         want = hf_greedy(target, p, 16)
         assert out.sequences[b, ids.shape[1]:ids.shape[1] + len(want)].tolist() == want
@@ -78,7 +95,7 @@ def test_the_draft_computes_the_prefix_once_too():
                                      attention_mask=mask, pad_token_id=2, pace=False, share_prefix=share))
         hook.remove()
         passes.append(shapes)
-    assert [o.stats.shared_prefix for o in outs] == [len(SYSTEM), 0]
+    assert [len(o.stats.shared_prefixes) for o in outs] == [1, 0]
     longest = max(len(q) for q in QUESTIONS)
     # The draft's prompt passes: the prefix for one row, then the questions for all rows; or
     # the whole prompts for all rows.
@@ -95,18 +112,18 @@ def test_prefix_is_shared_only_when_it_spares_enough_prefill():
     ids, mask = left_padded(short)
     assert 3 * 4 < SHARE_MIN_SAVED
     out = specdec.generate(target, ids, max_new_tokens=4, attention_mask=mask, pad_token_id=2)
-    assert out.stats.shared_prefix == 0
+    assert out.stats.shared_prefixes == ()
     one = specdec.generate(target, torch.tensor([SYSTEM + [5]]), max_new_tokens=4)
-    assert one.stats.shared_prefix == 0  # one row: nothing to share
+    assert one.stats.shared_prefixes == ()  # one row: nothing to share
 
 
 def test_bad_shared_lengths_get_clear_errors():
     model = tiny_lm("llama")
     enable_tree_attention(model)
     ids = torch.tensor([[1, 2, 3], [1, 2, 4]])
-    for shared in (3, -1):
-        with pytest.raises(ValueError, match="shared"):
-            prefill(model, SpecCache.for_model(model, 2, 8), ids, torch.tensor([3, 2]), shared=shared)
+    with pytest.raises(ValueError, match="shared prefix"):
+        prefill(model, SpecCache.for_model(model, 2, 8), ids, torch.tensor([3, 2]),
+                shared=[SharedPrefix((0, 1), 2)])
     with pytest.raises(ValueError, match="one-row cache"):
         SpecCache.for_model(model, 2, 8).copy_row(SpecCache.for_model(model, 2, 8))
 
@@ -130,3 +147,38 @@ def test_the_prompts_pass_is_priced_by_the_rows_own_tokens():
         specdec.generate(target, ids, max_new_tokens=2, method=method, attention_mask=mask, pad_token_id=2,
                          share_prefix=share)
         assert list(method.costs_at_start) == [tokens]
+
+
+def test_two_system_prompts_each_computed_once():
+    # Rows in turn with two system prompts: each prefix runs once (target and draft), and each
+    # row's output is that of the row run apart.
+    target = tiny_lm("llama")
+    draft_model = perturbed(target, 0.05, seed=1)
+    other = [0, *range(60, 95)]  # 36 tokens, 3 rows: 2 x 36 spared
+    prompts = [(SYSTEM if b % 2 == 0 else other) + QUESTIONS[b % 4] for b in range(6)]
+    ids, mask = left_padded(prompts)
+    shapes = []
+    hook = draft_model.get_decoder().register_forward_pre_hook(
+        lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    out = specdec.generate(target, ids, max_new_tokens=12, method=specdec.DraftModel(draft_model, 3),
+                           attention_mask=mask, pad_token_id=2, pace=False)
+    hook.remove()
+    assert out.stats.shared_prefixes == (SharedPrefix((0, 2, 4), len(SYSTEM)), SharedPrefix((1, 3, 5), len(other)))
+    assert shapes[:2] == [(1, len(SYSTEM)), (1, len(other))] and shapes[2][0] == 6
+    for b, p in enumerate(prompts):
+        want = hf_greedy(target, p, 12)
+        assert out.sequences[b, ids.shape[1]:ids.shape[1] + len(want)].tolist() == want
+
+
+def test_a_row_in_no_group():
+    # The rows' rest runs as one pass after each row's prefix: an unrelated long prompt next to
+    # grouped rows needs cache room past the padded prompt width (the group's prefix + its length).
+    target = tiny_lm("qwen2")
+    prompts = [SYSTEM + q for q in QUESTIONS[:3]] + [list(range(60, 95))]
+    ids, mask = left_padded(prompts)
+    out = specdec.generate(target, ids, max_new_tokens=6, attention_mask=mask,
+                           pad_token_id=2, pace=False)
+    assert out.stats.shared_prefixes == (SharedPrefix((0, 1, 2), len(SYSTEM)),)
+    for b, p in enumerate(prompts):
+        want = hf_greedy(target, p, 6)
+        assert out.sequences[b, ids.shape[1]:ids.shape[1] + len(want)].tolist() == want

@@ -82,7 +82,8 @@ def test_a_shared_system_prompt_is_computed_once_and_changes_nothing(smollm2, me
         ids[b, S - len(r):], mask[b, S - len(r):] = r, 1
     chosen = specdec.DraftModel(model, num_draft_tokens=4) if method == "draft" else specdec.PromptLookup()
     out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=24, method=chosen)
-    assert out.stats.shared_prefix > 40  # the template's header and the system prompt
+    # One group of every row, sharing the template's header and the system prompt.
+    assert [(g.rows, g.length > 40) for g in out.stats.shared_prefixes] == [(tuple(range(len(rows))), True)]
     for b, r in enumerate(rows):
         want = hf_greedy(model, r[None], 24)
         assert out.sequences[b, S: S + len(want)].tolist() == want

@@ -13,8 +13,8 @@ written at ``lengths[b] .. lengths[b] + T - 1`` (rows may have different lengths
 - :meth:`SpecCache.advance` keeps the first n new entries of each row as they are (a prefill, a
   chain whose first n tokens were accepted);
 - :meth:`SpecCache.rollback` sets ``lengths`` back (no copy);
-- :meth:`SpecCache.copy_row` fills every row from a one-row cache (a prompt prefix the rows
-  share, computed once: :func:`specdec.tree_forward.prefill` with ``shared``);
+- :meth:`SpecCache.copy_row` fills rows from a one-row cache (a prompt prefix the rows share,
+  computed once: :func:`specdec.tree_forward.prefill` with ``shared``);
 - :meth:`SpecCache.keep_rows` drops rows (those that finished; the others' entries are copied
   into buffers of that many rows).
 
@@ -168,17 +168,19 @@ class SpecCache(Cache):
         src = self.lengths[:, None] + accept_path.to(self.lengths.dtype).clamp_min(0)
         self.commit(src, accept_len.to(self.lengths.dtype) + 1)
 
-    def copy_row(self, src: SpecCache) -> None:
-        """Makes every row a copy of ``src``'s one row (its entries and length): a shared prompt
-        prefix computed once for the whole batch. Later writes go to each row's own slots."""
+    def copy_row(self, src: SpecCache, rows: Tensor | None = None) -> None:
+        """Makes ``rows`` (default: every row) copies of ``src``'s one row (its entries and
+        length): a prompt prefix those rows share, computed once. Later writes go to each row's
+        own slots."""
         if src.lengths.shape[0] != 1 or len(src.layers) != len(self.layers) or src.max_length > self.max_length:
             raise ValueError("SpecCache.copy_row: src must be a one-row cache of the same model, "
                              f"at most {self.max_length} long")
+        rows = slice(None) if rows is None else rows
         n = src.max_length
         for layer, one in zip(self.layers, src.layers):
-            layer.keys[:, :, :n] = one.keys
-            layer.values[:, :, :n] = one.values
-        self.lengths.copy_(src.lengths.expand_as(self.lengths))
+            layer.keys[rows, :, :n] = one.keys
+            layer.values[rows, :, :n] = one.values
+        self.lengths[rows] = src.lengths
 
     def keep_rows(self, rows: Tensor) -> None:
         """The batch keeps only ``rows`` (indices into it, in their new order): their entries

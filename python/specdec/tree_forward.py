@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +37,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from specdec import ops
 from specdec.cache import SpecCache
 
-__all__ = ["ATTN_IMPLEMENTATION", "enable_tree_attention", "node_layout", "prefill", "shared_prefix_length",
-           "tree_attention_enabled", "tree_forward"]
+__all__ = ["ATTN_IMPLEMENTATION", "SharedPrefix", "enable_tree_attention", "node_layout", "prefill",
+           "prefix_offsets", "shared_prefixes", "tree_attention_enabled", "tree_forward"]
 
 ATTN_IMPLEMENTATION = "specdec_tree"
 
@@ -310,7 +311,7 @@ def prefill(
     lengths: Tensor | None = None,
     head: Callable[[Tensor], Tensor] | None = None,
     return_hidden: bool = False,
-    shared: int = 0,
+    shared: Sequence[SharedPrefix] = (),
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
     commits them; returns the logits after every prompt's last token, ``[B, V]`` (and with
@@ -320,10 +321,10 @@ def prefill(
         model, cache, head, return_hidden: as in :func:`tree_forward`.
         tokens: ``[B, N]`` prompts, right-padded with any token id.
         lengths: ``[B]`` prompt lengths (default: all N).
-        shared: the first ``shared`` tokens are the same in every row (a system prompt; see
-            :func:`shared_prefix_length`) and the cache is empty: they are computed once, in a
-            one-row pass, copied into every row (:meth:`SpecCache.copy_row`), and only the rest
-            of each prompt runs batched. Each row's last prompt token must come after them.
+        shared: prompt prefixes that several rows have in common (a system prompt; see
+            :func:`shared_prefixes`), with an empty cache: each is computed once, in a one-row
+            pass, copied into its rows (:meth:`SpecCache.copy_row`), and only the rest of each
+            prompt runs batched. A row's last prompt token must come after its shared prefix.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -332,30 +333,36 @@ def prefill(
         ...                   num_hidden_layers=2, intermediate_size=64, vocab_size=50)
         >>> model = LlamaForCausalLM(cfg).eval()
         >>> enable_tree_attention(model)
-        >>> prompts = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 9, 0]])   # row 1 is 4 tokens long
-        >>> lengths = torch.tensor([5, 4])
-        >>> n = shared_prefix_length(prompts, lengths)
-        >>> n
-        3
-        >>> once, twice = (SpecCache(cfg, batch_size=2, max_length=8) for _ in range(2))
-        >>> shared_logits = prefill(model, once, prompts, lengths, shared=n)
-        >>> torch.allclose(shared_logits, prefill(model, twice, prompts, lengths), atol=1e-5)
+        >>> prompts = torch.tensor([[1, 2, 3, 4, 5], [7, 8, 9, 9, 0], [1, 2, 3, 9, 0]])
+        >>> lengths = torch.tensor([5, 4, 4])
+        >>> groups = shared_prefixes(prompts, lengths)
+        >>> groups                                   # rows 0 and 2 start with 1, 2, 3
+        (SharedPrefix(rows=(0, 2), length=3),)
+        >>> once, apart = (SpecCache(cfg, batch_size=3, max_length=8) for _ in range(2))
+        >>> shared_logits = prefill(model, once, prompts, lengths, shared=groups)
+        >>> torch.allclose(shared_logits, prefill(model, apart, prompts, lengths), atol=1e-5)
         True
     """
     B, N = tokens.shape
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=tokens.device)
     if shared:
-        if not 0 < shared < int(lengths.min()):
-            raise ValueError(f"specdec.prefill: shared must be 0 or below every prompt's length "
-                             f"({int(lengths.min())}), got {shared}")
-        one = SpecCache(model.config, 1, shared, cache.layers[0].keys.dtype, cache.lengths.device)
-        tree_forward(model, one, tokens[:1, :shared], keep=torch.tensor([shared - 1], device=tokens.device),
-                     head=head)
-        one.advance(torch.tensor([shared]))
-        cache.copy_row(one)
-        tokens, lengths = tokens[:, shared:], lengths - shared
-        N -= shared
+        offsets = prefix_offsets(shared, B, tokens.device)
+        if bool((offsets >= lengths).any()):
+            raise ValueError("specdec.prefill: a shared prefix must end before each of its rows' prompts does")
+        for group in shared:
+            n = group.length
+            one = SpecCache(model.config, 1, n, cache.layers[0].keys.dtype, cache.lengths.device)
+            first = tokens[group.rows[0], :n][None]
+            tree_forward(model, one, first, keep=torch.tensor([n - 1], device=tokens.device), head=head)
+            one.advance(torch.tensor([n]))
+            cache.copy_row(one, torch.tensor(group.rows, device=cache.lengths.device))
+        # Each row's rest, moved to the front (right-padded again).
+        columns = torch.arange(N, device=tokens.device)
+        tokens = torch.gather(tokens, 1, (offsets[:, None] + columns).clamp_max(N - 1))
+        lengths = lengths - offsets
+        N = int(lengths.max())
+        tokens = tokens[:, :N]
     last = (lengths.to(torch.int64) - 1).clamp_min(0).to(tokens.device)
     # The LM head runs only where some row's prompt ends, not over every prompt token.
     columns = torch.unique(last)
@@ -367,8 +374,53 @@ def prefill(
     return out[rows, cols]
 
 
-def shared_prefix_length(tokens: Tensor, lengths: Tensor) -> int:
-    """How many leading tokens every row of right-padded prompts ``tokens [B, N]`` has in common,
-    up to the shortest prompt's length minus one (each row keeps its last token for its own pass)."""
-    same = (tokens == tokens[:1]).all(0).to(torch.int64)
-    return min(int(same.cumprod(0).sum()), int(lengths.min()) - 1)
+@dataclass(frozen=True)
+class SharedPrefix:
+    """The first ``length`` prompt tokens of ``rows`` (batch indices) are the same."""
+
+    rows: tuple[int, ...]
+    length: int
+
+
+def shared_prefixes(tokens: Tensor, lengths: Tensor, min_saved: int = 0) -> tuple[SharedPrefix, ...]:
+    """Groups of rows of right-padded prompts ``tokens [B, N]`` that start alike, chosen to spare
+    the most prefill: a group of k rows sharing n tokens spares (k - 1) n and is formed only when
+    that is more than ``min_saved`` (what its pass of its own costs, in tokens). The rows are
+    sorted by their prompts and split into runs (a dynamic program over the neighbours' common
+    lengths); a group's prefix stops one token before its shortest prompt ends (each row keeps
+    its last token for its own pass). Host-side, O(B^2) plus the sort."""
+    B = tokens.shape[0]
+    rows = [tokens[b, : int(n)].tolist() for b, n in enumerate(lengths)]
+    order = sorted(range(B), key=rows.__getitem__)
+
+    def common(a: list[int], b: list[int]) -> int:
+        n = min(len(a), len(b)) - 1
+        return next((i for i in range(n) if a[i] != b[i]), max(n, 0))
+
+    near = [common(rows[a], rows[b]) for a, b in zip(order, order[1:])]
+    # best[j]: most tokens spared (net of min_saved per group) by the first j sorted rows;
+    # start[j]: where the run ending at sorted row j - 1 starts.
+    best, start = [0] * (B + 1), list(range(-1, B))
+    for j in range(1, B + 1):
+        best[j], start[j], n = best[j - 1], j - 1, None
+        for i in range(j - 1, 0, -1):  # the run of sorted rows i - 1 .. j - 1
+            n = near[i - 1] if n is None else min(n, near[i - 1])
+            if n == 0:
+                break
+            if best[i - 1] + (j - i) * n - min_saved > best[j]:
+                best[j], start[j] = best[i - 1] + (j - i) * n - min_saved, i - 1
+    groups, j = [], B
+    while j > 0:
+        i = start[j]
+        if j - i > 1:
+            groups.append(SharedPrefix(tuple(sorted(order[i:j])), min(near[i:j - 1])))
+        j = i
+    return tuple(sorted(groups, key=lambda g: g.rows))
+
+
+def prefix_offsets(groups: Sequence[SharedPrefix], batch: int, device: torch.device | str = "cpu") -> Tensor:
+    """``[batch]`` int64: each row's shared prefix length (0 for rows in no group)."""
+    offsets = torch.zeros(batch, dtype=torch.int64)
+    for group in groups:
+        offsets[list(group.rows)] = group.length
+    return offsets.to(device)

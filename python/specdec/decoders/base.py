@@ -26,12 +26,13 @@ from specdec.decoders.verify import Verifier
 from specdec.ops import TypicalAcceptance
 from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
-from specdec.tree_forward import node_layout, prefill, shared_prefix_length, tree_attention_enabled, tree_forward
+from specdec.tree_forward import (node_layout, prefill, prefix_offsets, shared_prefixes, tree_attention_enabled,
+                                  tree_forward)
 
 __all__ = ["Context", "GenerateOutput", "GenerateStats", "Method", "Proposal", "Proposer",
            "StepResult", "generate", "left_align"]
 
-# A shared prompt prefix gets a pass of its own: worth it when it spares the batch at least this
+# A shared prompt prefix gets a pass of its own: worth it when it spares the batch more than this
 # many tokens of prefill (a short pass costs about what prefilling a few dozen tokens does here).
 SHARE_MIN_SAVED = 64
 
@@ -96,10 +97,12 @@ def generate(
         pace: batches (B > 1) only: while steps without candidates advance the batch's slowest
             row faster per ms than the method's steps (measured as decoding goes), decode one
             token per pass (`specdec.decoders.pacing`). False: the method proposes every step.
-        share_prefix: batches only: the leading prompt tokens every row has in common (a system
-            prompt, few-shot examples) are computed once by the target and by each draft model
-            and copied into every row, when that spares at least ``SHARE_MIN_SAVED`` (64) tokens
-            of prefill ((B - 1) x the common length). False: every row computes its whole prompt.
+        share_prefix: batches only: leading prompt tokens that several rows have in common (a
+            system prompt, few-shot examples; any groups of rows, `shared_prefixes`) are
+            computed once by the target and by each draft model and copied into their rows, for
+            each group that spares more than ``SHARE_MIN_SAVED`` (64) tokens of prefill ((rows -
+            1) x the common length); ``stats.shared_prefixes`` lists them. False: every row
+            computes its whole prompt.
         drop_finished: batches only: a row that has stopped (EOS, ``max_new_tokens``) leaves the
             batch after the step it stopped in (its cache entries and its proposer state
             dropped), so later passes run only the rows still going. False: stopped rows stay
@@ -144,7 +147,6 @@ def generate(
 
     # Committed tokens of every row: prompt, then output; room for one more step per row.
     capacity = S + max_new_tokens + 1
-    shared = shared_prefix_length(prompt, prompt_len) if share_prefix and B > 1 else 0
     ctx = Context(
         tokens=torch.full((B, capacity), pad, dtype=torch.long, device=device),
         lengths=prompt_len.clone(),
@@ -152,27 +154,31 @@ def generate(
         sampling=sampling,
         streams=streams,
         costs=CostModel(dict(pass_costs or {}), rows=B),
-        shared_prefix=shared if (B - 1) * shared >= SHARE_MIN_SAVED else 0,
+        shared_prefixes=shared_prefixes(prompt, prompt_len, SHARE_MIN_SAVED) if share_prefix and B > 1 else (),
     )
     ctx.tokens[:, :S] = prompt
-    stats = GenerateStats(shared_prefix=ctx.shared_prefix)
+    stats = GenerateStats(shared_prefixes=ctx.shared_prefixes)
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
     max_length = S + max_new_tokens + 1 + (method.max_pass_tokens if method is not None else 1)
+    # The prompts' rest after shared prefixes runs as one [B, rest] pass after each row's prefix.
+    offsets = prefix_offsets(ctx.shared_prefixes, B, device)
+    rest = int((prompt_len - offsets).max())
+    max_length = max(max_length, int(offsets.max()) + rest)
     models = (model, *(method.models if method is not None else ()))
     hidden_wanted = method is not None and method.needs_hidden_states
     with torch.inference_mode(), tree_attention_enabled(*models):
         cache = SpecCache.for_model(model, batch_size=B, max_length=max_length)
-        out = prefill(model, cache, prompt, prompt_len, return_hidden=hidden_wanted, shared=ctx.shared_prefix)
+        out = prefill(model, cache, prompt, prompt_len, return_hidden=hidden_wanted, shared=ctx.shared_prefixes)
         logits, hidden = out if hidden_wanted else (out, None)
         first = verifier.choose(logits, prompt_len)
         stats.prefill_time_s = time.perf_counter() - start
         if B > 1 and device.type == "cpu" and not pass_costs:
             # A batch's first point of the cost curve: the prompt's pass (B x S tokens), so the
-            # first steps are not sized as if every pass cost the same. A shared prefix ran
-            # apart: the batched pass was the rest (its time an upper bound, the prefix's included).
-            ctx.costs.observe_target(S - ctx.shared_prefix, stats.prefill_time_s * 1e3)
+            # first steps are not sized as if every pass cost the same. Shared prefixes ran
+            # apart: the batched pass was the rest (its time an upper bound, theirs included).
+            ctx.costs.observe_target(rest, stats.prefill_time_s * 1e3)
         stats.target_forwards += 1
         generated = torch.zeros(B, dtype=torch.long, device=device)
         _emit(ctx, first[:, None], torch.ones_like(generated), generated, max_new_tokens, eos, streamer)

@@ -17,7 +17,7 @@ from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.decoders.verify import draw
 from specdec.random_streams import DRAFT, TOKEN
 from specdec.sampling import Sampling
-from specdec.tree_forward import prefill, tree_forward
+from specdec.tree_forward import SharedPrefix, prefill, tree_forward
 
 
 @dataclass
@@ -109,7 +109,7 @@ class DraftModel:
 
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult):
-        return draft_proposer([self], target, prompt, prompt_len, max_length, ctx.shared_prefix)
+        return draft_proposer([self], target, prompt, prompt_len, max_length, ctx.shared_prefixes)
 
     def check_vocabulary(self, target: torch.nn.Module) -> int:
         """The target's vocabulary size, after checking that the draft's ids mean the same
@@ -150,11 +150,11 @@ def _setting(model: torch.nn.Module, name: str):
 
 
 def draft_proposer(drafts: Sequence[DraftModel], target: torch.nn.Module, prompt: Tensor,
-                   prompt_len: Tensor, max_length: int, shared: int = 0) -> _DraftProposer:
+                   prompt_len: Tensor, max_length: int, shared: Sequence[SharedPrefix] = ()) -> _DraftProposer:
     """The proposer of one draft model, or of several drafting from the mean of their
     distributions (`specdec.Ensemble(..., mix="average")`): lengths, adaptivity and coupling
     are the first draft's; each draft's tokenizer is checked against the target's. ``shared``:
-    leading prompt tokens every row has in common, computed once (`Context.shared_prefix`)."""
+    prompt prefixes that groups of rows have in common, computed once (`Context.shared_prefixes`)."""
     target_vocab = drafts[0].check_vocabulary(target)
     for draft in drafts[1:]:
         draft.check_vocabulary(target)
@@ -163,7 +163,7 @@ def draft_proposer(drafts: Sequence[DraftModel], target: torch.nn.Module, prompt
 
 class _DraftProposer:
     def __init__(self, drafts: Sequence[DraftModel], target_vocab: int, prompt: Tensor, prompt_len: Tensor,
-                 max_length: int, shared: int) -> None:
+                 max_length: int, shared: Sequence[SharedPrefix]) -> None:
         self.method = method = drafts[0]
         B = prompt.shape[0]
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.

@@ -12,6 +12,7 @@ from torch import Tensor
 from specdec.cost_model import CostModel
 from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
+from specdec.tree_forward import SharedPrefix
 
 
 @dataclass
@@ -79,9 +80,9 @@ class Context:
     the root alone); None: its own sizing. Set by the loop's pacing of batches and by
     combinators (`specdec.Ensemble`).
 
-    ``shared_prefix``: leading prompt tokens every row has in common, computed once by the
-    target's prefill (0: none); a proposer with a model of its own prefills the same way
-    (`specdec.tree_forward.prefill` with ``shared``)."""
+    ``shared_prefixes``: groups of rows whose leading prompt tokens the target's prefill computed
+    once (`specdec.tree_forward.SharedPrefix`); a proposer with a model of its own prefills the
+    same way (`specdec.tree_forward.prefill` with ``shared``)."""
 
     tokens: Tensor            # [B, capacity] committed tokens, left-aligned
     lengths: Tensor           # [B] committed tokens per row
@@ -90,7 +91,7 @@ class Context:
     streams: RandomStreams | None  # sampling only: the uniforms of every (row, position)
     costs: CostModel  # target pass costs: profiled, and measured as decoding goes (CPU)
     max_nodes: int | None = None
-    shared_prefix: int = 0
+    shared_prefixes: tuple[SharedPrefix, ...] = ()
 
     def node_budget(self, wanted: int) -> int:
         """``wanted`` nodes, cut to ``max_nodes``."""

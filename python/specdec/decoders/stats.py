@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from specdec.tree_forward import SharedPrefix
+
 
 @dataclass
 class GenerateStats:
@@ -17,7 +19,8 @@ class GenerateStats:
     new_tokens: int = 0          # tokens generated, all rows
     wall_time_s: float = 0.0
     prefill_time_s: float = 0.0  # the prompt's pass (included in wall_time_s)
-    shared_prefix: int = 0       # leading prompt tokens computed once for all rows (share_prefix)
+    # Groups of rows whose common leading prompt tokens were computed once (share_prefix).
+    shared_prefixes: tuple[SharedPrefix, ...] = ()
     new_tokens_per_row: Tensor | None = None  # [B]
 
     @property
