@@ -82,11 +82,19 @@ QUESTIONS = [
 ]
 
 
-def batch(tok, rows: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """Left-padded ids and attention mask of ``rows`` chats (system prompt + one question each),
-    and each row's own ids."""
-    chats = [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-             for i in range(rows)]
+# A second team's system prompt: the same rules for another role (it shares only its first words
+# with the first one), for batches mixing two system prompts.
+SYSTEM_PROMPTS = [SYSTEM_PROMPT, SYSTEM_PROMPT.replace(
+    "You are a senior Python engineer reviewing and writing code for a team that maintains a large "
+    "data-processing service.", "You are a senior data engineer writing Python for analysts who build "
+    "reports from a warehouse of sales records.")]
+
+
+def batch(tok, rows: int, systems: int = 1) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Left-padded ids and attention mask of ``rows`` chats (system prompt + one question each;
+    ``systems`` system prompts taken in turn), and each row's own ids."""
+    chats = [[{"role": "system", "content": SYSTEM_PROMPTS[i % systems]},
+              {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(rows)]
     encoded = [tok.apply_chat_template(c, add_generation_prompt=True, return_tensors="pt") for c in chats]
     own = [(e if isinstance(e, torch.Tensor) else e["input_ids"])[0] for e in encoded]
     S, pad = max(len(r) for r in own), pad_token_id(tok)
@@ -125,6 +133,8 @@ def main() -> None:
     parser.add_argument("--draft-dtype", choices=sorted(DTYPES), default="bfloat16")
     parser.add_argument("--draft-head-tokens", type=int, default=65536)
     parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--system-prompts", type=int, choices=(1, 2), default=1,
+                        help="system prompts taken in turn by the rows")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="bench/results")
@@ -137,7 +147,7 @@ def main() -> None:
     methods = {"one_token": lambda: None,
                "draft": lambda: specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True,
                                                    head_tokens=args.draft_head_tokens or None)}
-    ids, mask, own = batch(tok, args.rows)
+    ids, mask, own = batch(tok, args.rows, args.system_prompts)
     N = args.new_tokens
     # Warm-up (kernels, the reduced draft head): a short run of each method, both ways.
     for make in methods.values():
@@ -159,7 +169,7 @@ def main() -> None:
             # The draft's prompt passes come first: one per shared prefix, then the rows' own parts.
             prompt_passes = 1 + len(st.shared_prefixes)
             results.append({
-                "method": name, "share_prefix": share, "shared_tokens": sum(g.length for g in st.shared_prefixes),
+                "method": name, "share_prefix": share, "shared": [[len(g.rows), g.length] for g in st.shared_prefixes],
                 "prompt_tokens": int(mask.sum()), "new_tokens": st.new_tokens, "seconds": st.wall_time_s,
                 "tok/s": st.tokens_per_second, "target_prefill_s": st.prefill_time_s,
                 "draft_prefill_s": sum(passes[:prompt_passes]) / 1e3 if passes else None,
@@ -175,7 +185,8 @@ def _table(rows: list[dict]) -> str:
     def f(x):
         return "" if x is None else f"{x:.2f}"
     for r in rows:
-        lines.append(f"| {r['method']} | {r['shared_tokens'] if r['share_prefix'] else 'off'} "
+        shared = ", ".join(f"{k} rows x {n}" for k, n in r["shared"]) or "none"
+        lines.append(f"| {r['method']} | {shared if r['share_prefix'] else 'off'} "
                      f"| {f(r['target_prefill_s'])} | {f(r['draft_prefill_s'])} | {f(r['draft_total_s'])} "
                      f"| {r['seconds']:.1f} | {r['tok/s']:.2f} | {r['target_passes']} "
                      f"| {'yes' if r['= rows apart'] else 'NO'} |")
@@ -185,9 +196,11 @@ def _table(rows: list[dict]) -> str:
 def _write(args, rows: list[dict]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"shared_prefix-{Path(args.model).name}-{args.dtype}"
+    stem = f"shared_prefix-{Path(args.model).name}-{args.dtype}" + (
+        f"-{args.system_prompts}systems" if args.system_prompts > 1 else "")
     meta = {"model": args.model, "dtype": args.dtype, "draft": args.draft, "draft_dtype": args.draft_dtype,
             "draft_head_tokens": args.draft_head_tokens, "rows": args.rows, "new_tokens": args.new_tokens,
+            "system_prompts": args.system_prompts,
             "threads": torch.get_num_threads()}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / f"{stem}.md").write_text(_table(rows) + "\n")
