@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_decoders import METHODS, PROMPTS, assert_greedy_identity, hf_greedy, left_padded
 from test_medusa import CHOICES, random_heads
-from tiny_models import perturbed, tiny_lm
+from tiny_models import cyclic_lm, perturbed, tiny_lm
 
 import specdec
 
@@ -56,6 +56,18 @@ def test_kept_rows_are_what_hf_batched_generate_computes():
     assert torch.equal(kept.sequences, dropped.sequences)
     assert torch.equal(kept.stats.new_tokens_per_row, dropped.stats.new_tokens_per_row)
     assert kept.stats.new_tokens_per_row.min() < MAX_NEW  # some row did stop early
+
+
+def test_kept_rows_that_accepted_past_the_end_still_fit():
+    # Rows reach max_new_tokens inside a pass (accepted tokens past it) at different steps;
+    # kept, they must not hold more cache than they emitted, or their later passes overflow.
+    target = cyclic_lm("qwen2")
+    method = specdec.DraftModel(perturbed(target, 0.1, seed=1), 6)
+    out = assert_greedy_identity(target, PROMPTS, method, max_new=40)
+    ids, mask = left_padded(PROMPTS)
+    kept = specdec.generate(target, ids, max_new_tokens=40, attention_mask=mask, pad_token_id=2,
+                            drop_finished=False, method=method, pace=False)
+    assert torch.equal(kept.sequences, out.sequences)
 
 
 @pytest.mark.parametrize("name", ["draft coupled", "draft rejection sampling", "lookahead"])

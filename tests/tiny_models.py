@@ -37,3 +37,13 @@ def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Modul
         for p in copy.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
     return copy
+
+
+def cyclic_lm(family: str = "llama", seed: int = 5) -> torch.nn.Module:
+    """A tiny model that mostly reads its current token (attention outputs scaled down): its
+    greedy text soon repeats itself, as answers that copy their prompt do."""
+    model = tiny_lm(family, seed=seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.02)
+    return model

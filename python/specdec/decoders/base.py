@@ -227,6 +227,9 @@ def generate(
             stats.proposed.append(batch.every_row_of(torch.where(live, candidate.sum(1), 0)))
             stats.accepted.append(batch.every_row_of(torch.where(live, n, 0)))
             _emit(ctx, emitted, torch.where(live, n + 1, 0), generated, max_new_tokens, eos, streamer)
+            # A row that stopped within the accepted tokens (EOS, max_new_tokens) keeps only the
+            # entries of what it emitted: a kept row's later passes must fit the cache.
+            cache.rollback(torch.minimum(cache.lengths, ctx.lengths - 1))
             if proposer:
                 proposer.update(ctx, StepResult(proposal, path, n, nxt, logits, hidden))
             if pacing is not None:  # the slowest row that is still going: what ends the batch
