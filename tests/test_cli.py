@@ -21,7 +21,8 @@ def test_generate_needs_a_prompt():
 @pytest.mark.real_model
 @pytest.mark.parametrize("method", [["--prompt-lookup"], ["--lookahead", "--window", "3", "--ngram", "3"],
                                     ["--prompt-lookup", "--draft", "smollm2-135m"],
-                                    ["--draft", "smollm2-135m", "--draft-tree", "3"]])
+                                    ["--draft", "smollm2-135m", "--draft-tree", "3"],
+                                    ["--draft", "smollm2-135m", "--draft-lookup", "4"]])
 def test_generate_reports_and_matches_the_target(method, capsys):
     cli.main(["generate", "--model", "smollm2-135m", *method, "--chat", "--max-new-tokens", "24",
               "--prompt", "Repeat this line twice: the quick brown fox jumps over the lazy dog"])
@@ -33,6 +34,8 @@ def test_generate_reports_and_matches_the_target(method, capsys):
         assert "speculative (ensemble of prompt lookup, draft model smollm2-135m)" in captured.err
     if "--draft-tree" in method:
         assert "speculative (draft model smollm2-135m, tree of 3 branches)" in captured.err
+    if "--draft-lookup" in method:
+        assert "speculative (draft model smollm2-135m, taking up to 4 copied tokens per pass)" in captured.err
 
 
 @pytest.mark.real_model
@@ -45,7 +48,7 @@ def test_bench_writes_a_table_json_and_plot(tmp_path):
     record = json.loads((tmp_path / f"{stem}.json").read_text())
     methods = {"plain", "hf_prompt_lookup", "hf_assisted", "specdec_one_token", "specdec_prompt_lookup",
                "specdec_lookahead", "specdec_draft", "specdec_draft_head20000", "specdec_draft_tree2",
-               "specdec_hybrid"}
+               "specdec_draft_lookup", "specdec_hybrid"}
     assert {r["method"] for r in record["runs"]} == methods
     assert len(record["runs"]) == 2 * len(methods)  # one prompt of each set
     assert all(r["new_tokens"] == 6 and r["identical_to_plain"] for r in record["runs"])
@@ -107,6 +110,9 @@ def test_bad_draft_tree_exits_before_loading_models(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "--model", "smollm2-135m", "--draft", "x", "--draft-tree", "0", "--prompt", "x"])
     assert "--draft-tree: must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--model", "smollm2-135m", "--draft", "x", "--draft-lookup", "-1", "--prompt", "x"])
+    assert "--draft-lookup: must be >= 0" in capsys.readouterr().err
 
 
 def test_typical_needs_sampling():

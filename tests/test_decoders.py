@@ -110,6 +110,7 @@ METHODS = {
     "draft coupled": lambda draft: specdec.DraftModel(draft, 3),
     "draft adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, head_tokens=8),
     "draft tree": lambda draft: specdec.DraftModel(draft, 3, tree=3),
+    "draft taking copies": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, lookup=3),
     "draft tree adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, tree=2,
                                                                           head_tokens=8),
     "draft rejection sampling": lambda draft: specdec.DraftModel(draft, 3, coupled=False),

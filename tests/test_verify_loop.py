@@ -231,7 +231,8 @@ def test_seeded_sampling_emits_what_one_token_decoding_emits_whatever_the_method
     plain = sample(target, PROMPTS, None, seed=5)
     methods = [specdec.PromptLookup(), specdec.PromptLookup(adaptive=False, num_draft_tokens=7),
                specdec.DraftModel(draft, 3), specdec.DraftModel(draft, adaptive=True),
-               specdec.DraftModel(draft, 3, tree=3), specdec.DraftModel(draft, adaptive=True, tree=2)]
+               specdec.DraftModel(draft, 3, tree=3), specdec.DraftModel(draft, adaptive=True, tree=2),
+               specdec.DraftModel(draft, 3, lookup=3), specdec.DraftModel(draft, adaptive=True, lookup=4)]
     for method in methods:
         assert torch.equal(sample(target, PROMPTS, method, seed=5), plain), method
     assert not torch.equal(sample(target, PROMPTS, None, seed=6), plain)  # the seed matters

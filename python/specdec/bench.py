@@ -242,6 +242,9 @@ def main(args: argparse.Namespace) -> None:
         for k in args.draft_trees:
             ours[f"specdec_draft_tree{k}"] = (specdec.DraftModel(
                 draft, num_draft_tokens=8, adaptive=True, head_tokens=head, tree=k), {})
+        # The chain, the draft taking copied tokens where it agrees with them.
+        ours["specdec_draft_lookup"] = (specdec.DraftModel(
+            draft, num_draft_tokens=8, adaptive=True, head_tokens=head, lookup=8), {})
         # Prompt lookup's candidates first, the draft where they do not pay (the reduced head if asked).
         ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(
             draft, num_draft_tokens=8, adaptive=True, head_tokens=head)), {})

@@ -28,6 +28,14 @@ def _branches(value: str) -> int:
     return k
 
 
+def _copied_tokens(value: str) -> int:
+    """``--draft-lookup``: copied tokens per draft pass, 0 (off) or more."""
+    m = int(value)
+    if m < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: off), got {m}")
+    return m
+
+
 def _prompt_text(args: argparse.Namespace) -> str:
     if args.prompt_file:
         return Path(args.prompt_file).read_text()
@@ -97,7 +105,8 @@ def _method(args: argparse.Namespace, target, tokenizer, draft):
                                       **cap("max_nodes")))
     if draft is not None:
         members.append(specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens,
-                                          tree=args.draft_tree, **cap("max_draft_tokens")))
+                                          tree=args.draft_tree, lookup=args.draft_lookup,
+                                          **cap("max_draft_tokens")))
     if len(members) > 1:
         return specdec.Ensemble(*members)
     return members[0] if members else None
@@ -165,7 +174,8 @@ def _describe(args: argparse.Namespace) -> str:
         ("prompt lookup", args.prompt_lookup),
         (f"lookahead W={args.window} N={args.ngram} G={args.guess_set}", args.lookahead),
         (f"Medusa heads {args.medusa}", args.medusa),
-        (f"draft model {args.draft}" + (f", tree of {args.draft_tree} branches" if args.draft_tree > 1 else ""),
+        (f"draft model {args.draft}" + (f", tree of {args.draft_tree} branches" if args.draft_tree > 1 else "")
+         + (f", taking up to {args.draft_lookup} copied tokens per pass" if args.draft_lookup else ""),
          args.draft)) if given]
     if len(names) > 1:
         return "ensemble of " + ", ".join(names)
@@ -236,6 +246,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="the draft's dtype (default: --dtype); the output stays the target's")
     g.add_argument("--draft-tree", type=_branches, default=1, metavar="K",
                    help="the draft proposes a token tree, K branches per level (DraftModel(tree=K)); 1: a chain")
+    g.add_argument("--draft-lookup", type=_copied_tokens, default=0, metavar="M",
+                   help="each draft pass also checks up to M tokens copied from the context and takes "
+                        "those the draft agrees with (DraftModel(lookup=M), chains); 0: off")
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)

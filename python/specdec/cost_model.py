@@ -41,7 +41,8 @@ class RunningMean:
 class CostModel:
     """Pass costs (ms) of the target by the number of tokens in the pass, from
     `specdec.profile_passes` (one row over k tokens) and/or measured during decoding, and the
-    draft's cost per drafted token (for the whole batch).
+    draft's cost per drafting pass (for the whole batch; one pass per drafted token unless the
+    draft takes copied tokens).
 
     ``rows``: the batch size. ``target(k)`` prices a pass of k nodes per row, that is of
     ``rows * k`` tokens: on a CPU a pass costs about what its tokens cost, whatever the rows
@@ -107,21 +108,26 @@ class CostModel:
 
         return max(range(max_len + 1), key=lambda g: acceptance.expected(g) / self.step_ms(g))
 
-    def extend_pays(self, drafted: int, expected: float, gain: float) -> bool:
+    def extend_pays(self, drafted: int, expected: float, gain: float, passes: int | None = None) -> bool:
         """Whether drafting one more candidate raises the expected emitted tokens per ms, when
         ``drafted`` candidates are expected to emit ``expected`` tokens and the next one would
         add ``gain`` (the probability that it and every candidate before it are accepted).
+        ``passes``: draft passes so far, when they drafted more than one token each (a draft
+        taking copied tokens, `DraftModel(lookup=...)`); one more candidate costs one more pass.
 
         Example:
             >>> costs = CostModel({1: 100.0, 8: 100.0}, draft_ms_per_token=10.0)
             >>> costs.extend_pays(3, expected=3.4, gain=0.6), costs.extend_pays(3, 3.4, gain=0.2)
             (True, False)
         """
-        return (expected + gain) / self.step_ms(drafted + 1) > expected / self.step_ms(drafted)
+        passes = drafted if passes is None else passes
+        return ((expected + gain) / self.step_ms(drafted + 1, passes + 1)
+                > expected / self.step_ms(drafted, passes))
 
-    def step_ms(self, g: int) -> float:
-        """Cost of a step with g chain candidates: g draft tokens and a target pass over g + 1."""
-        return g * self.draft_ms_per_token + self.target(g + 1)
+    def step_ms(self, g: int, passes: int | None = None) -> float:
+        """Cost of a step with g chain candidates: the draft passes that drafted them (one per
+        candidate unless ``passes`` says otherwise) and a target pass over g + 1."""
+        return (g if passes is None else passes) * self.draft_ms_per_token + self.target(g + 1)
 
 
 @dataclass

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from specdec import ops
 from specdec.accelerate import PackedLinear, VerificationConfig, dense_weight
 from specdec.cache import SpecCache
 from specdec.decoders.draft_tree import fed_slots, grow, select
@@ -52,6 +53,13 @@ class DraftModel:
     second, and the branch under it goes on. Sampling needs ``coupled=True`` (the branches are
     verified as deterministic candidates: exact, and seeded equal to ``method=None``).
 
+    ``lookup=m`` (chains): each draft pass also feeds up to m tokens copied from the context
+    (prompt lookup over the prompt, the output and this step's drafts) after the draft's latest
+    token, and takes at once those the draft itself would have chosen next. The chain is the
+    same as without it (the draft's argmax, or its coupled draws), drafted in fewer draft passes
+    where the text repeats earlier text (code editing); the pass costs a little more than a
+    one-token pass. Prompt lookup drafting for the draft (a cascade).
+
     The draft must share the target's tokenizer. When the two vocabularies differ only by
     padding rows past the tokenizer (e.g. Qwen2.5 7B and 0.5B), pass ``shared_vocab=len(tokenizer)``:
     the draft then never proposes an id at or past it.
@@ -60,6 +68,7 @@ class DraftModel:
 
         out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True))
         out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True, tree=3))
+        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True, lookup=8))
     """
 
     model: torch.nn.Module
@@ -71,6 +80,7 @@ class DraftModel:
     shared_vocab: int | None = None
     tree: int = 1
     tree_nodes: int = 24
+    lookup: int = 0
     _head: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +96,13 @@ class DraftModel:
             raise ValueError(f"tree must be >= 1 (1: a chain), got {self.tree}")
         if self.tree > 1 and self.tree_nodes < 1:
             raise ValueError(f"tree_nodes must be >= 1, got {self.tree_nodes}")
+        if self.lookup < 0:
+            raise ValueError(f"lookup must be >= 0 (0: off), got {self.lookup}")
+        if self.lookup and self.tree > 1:
+            raise ValueError("DraftModel(lookup=...) drafts chains: it needs tree=1")
+        if self.lookup and not self.coupled:
+            raise ValueError("DraftModel(lookup=...) takes copied tokens where the draft would have chosen "
+                             "them: it needs coupled=True")
         if self.tree > 1 and not self.coupled:
             raise ValueError("DraftModel(tree=...) verifies its branches as deterministic candidates: "
                              "it needs coupled=True")
@@ -167,7 +184,8 @@ class _DraftProposer:
         self.method = method = drafts[0]
         B = prompt.shape[0]
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
-        room = max_length + fed_slots(method.tree, method.depth) if method.tree > 1 else max_length
+        # A pass taking copies may write lookup + 1 entries past the chain's.
+        room = max_length + (fed_slots(method.tree, method.depth) if method.tree > 1 else method.lookup + 1)
         self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=room),
                         d.reduced_head()) for d in drafts]
         self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots
@@ -184,19 +202,23 @@ class _DraftProposer:
         return self.drafts[0][1]  # every draft's cache holds the same tokens
 
     def _scores(self, tokens: Tensor, lengths: Tensor | None, sampling: Sampling,
-                tree: tuple[Tensor, Tensor, int] | None = None) -> Tensor:
+                tree: tuple[Tensor, Tensor, int] | None = None, commit: bool = True) -> Tensor:
         """The drafts' next-token scores over the proposable ids after feeding ``tokens``:
         sampling, the distribution drafted from (the mean of the drafts' warped ones); greedy,
         one draft's logits (a view) or the mean of several drafts' probabilities. ``tree``:
         ``(attention_mask, position_ids, pending)`` of uncommitted tree nodes (`tree_forward`),
-        which stay uncommitted; else the tokens are committed."""
-        if tree is None:
-            logits = [prefill(model, cache, tokens, lengths, head)[..., : self.proposable]
-                      for model, cache, head in self.drafts]
-        else:
+        which stay uncommitted; else the tokens are committed, unless ``commit=False``: then a
+        chain ``[B, T]`` scored after each token (``[B, T, V]``), left uncommitted."""
+        if tree is not None:
             mask, positions, pending = tree
             logits = [tree_forward(model, cache, tokens, attention_mask=mask, position_ids=positions, head=head,
                                    pending=pending)[..., : self.proposable] for model, cache, head in self.drafts]
+        elif commit:
+            logits = [prefill(model, cache, tokens, lengths, head)[..., : self.proposable]
+                      for model, cache, head in self.drafts]
+        else:
+            logits = [tree_forward(model, cache, tokens, head=head)[..., : self.proposable]
+                      for model, cache, head in self.drafts]
         if sampling.do_sample:
             probs = [sampling.probs(x) for x in logits]
             return probs[0] if len(probs) == 1 else torch.stack(probs).mean(0)
@@ -216,6 +238,8 @@ class _DraftProposer:
         scores = self._scores(torch.gather(ctx.tokens, 1, idx), pending, sampling)
         if method.tree > 1:
             return self._propose_tree(ctx, scores, min(method.depth, limit), limit, start)
+        if method.lookup:
+            return self._propose_copying(ctx, scores, limit, start)
         # Adaptive: per live row, the chance that every draft so far is accepted (the draft's
         # own probabilities of its tokens stand in for it), and the expected emitted tokens.
         reach = (~ctx.finished).float()
@@ -256,6 +280,84 @@ class _DraftProposer:
         if probs:  # node c was drawn from the draft's distribution at node c - 1
             draft_probs = torch.stack([torch.zeros_like(probs[0])] + probs, 1)
         return Proposal(tokens, parents, draft_probs)
+
+    def _propose_copying(self, ctx: Context, scores: Tensor, limit: int, start: float) -> Proposal:
+        """The chain of `propose`, each draft pass feeding the row's latest draft and the tokens
+        that copying the context proposes after it (`DraftModel.lookup`): a row takes the
+        draft's choices up to where they leave the copy. One host read per draft pass."""
+        method, sampling = self.method, ctx.sampling
+        B, device = scores.shape[0], scores.device
+        span = limit + method.lookup + 1  # a pass may score up to lookup + 1 tokens past the limit
+        columns = torch.arange(span, device=device)
+        drafted = torch.full((B, span), -1, dtype=torch.int64, device=device)
+        # Per drafted token: the chance that it and every draft before it are accepted.
+        reaches = torch.zeros(B, span, device=device)
+        text = F.pad(ctx.tokens, (0, span))  # the committed tokens, then this step's drafts
+        count = torch.zeros(B, dtype=torch.int64, device=device)
+        reach = (~ctx.finished).float()
+        live, passes, feed = float(reach.sum()), 1, None  # feed: the tokens of the latest pass
+        scores = scores[:, None]
+        while True:
+            width = scores.shape[1]
+            slots = count[:, None] + columns[:width]
+            choice = self._choose(scores, sampling, ctx, ctx.lengths[:, None] + slots)
+            taken = torch.ones_like(count)  # the choice after the latest draft, and copies it agrees with
+            if feed is not None and width > 1:
+                taken += (feed[:, 1:] == choice[:, :-1]).long().cumprod(1).sum(1)
+            taken = torch.minimum(taken, limit - count)
+            if feed is not None:  # keep the entries of the fed tokens whose next choice was taken
+                for _, cache, _ in self.drafts:
+                    cache.advance(taken)
+            kept = columns[:width] < taken[:, None]
+            confidence = torch.where(kept, self._confidence(scores, choice, sampling), 1.0)
+            path = reach[:, None] * confidence.cumprod(1)
+            drafted.scatter_(1, slots, torch.where(kept, choice, -1))
+            reaches.scatter_(1, slots, torch.where(kept, path, 0.0))
+            text.scatter_(1, ctx.lengths[:, None] + slots, choice)
+            last = (taken - 1).clamp_min(0)[:, None]
+            reach = torch.where(taken > 0, torch.gather(path, 1, last)[:, 0], reach)
+            count += taken
+            # Next: each row's latest draft, then the copies the limit leaves room for taking.
+            copies, n = ops.ngram_match(text, ctx.lengths + count, min_n=1, max_n=3, k=method.lookup, earliest=True)
+            n = torch.minimum(n, (limit - 1 - count).clamp_min(0))
+            feed = torch.cat([torch.gather(drafted, 1, (count - 1)[:, None]),
+                              torch.where(columns[: method.lookup] < n[:, None], copies, -1)], 1)
+            # The next token is taken to be as likely as the latest one (rows at the limit stop).
+            gain = (reach * torch.gather(confidence, 1, last)[:, 0] * (count < limit)).sum()
+            expected = live + reaches.sum()
+            now, gain, drafted_max, drafted_min, copied = torch.stack([
+                expected, gain, count.max().float(), count.min().float(),
+                (feed[:, 1:] >= 0).sum(1).max().float()]).tolist()
+            if drafted_min >= limit or (method.adaptive and not ctx.costs.extend_pays(
+                    int(drafted_max), now, gain, passes)):
+                break
+            passes += 1
+            feed = feed[:, : 1 + int(copied)]
+            scores = self._scores(feed.clamp_min(0), None, sampling, commit=False)
+        if ctx.tokens.device.type == "cpu":
+            ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
+        best = int(drafted_max)
+        if method.adaptive:  # copied tokens may have made the chain longer than its target pass pays for
+            gains = reaches[:, :best].sum(0).cumsum(0).tolist()
+            best = max(range(1, best + 1), key=lambda w: (live + gains[w - 1]) / ctx.costs.step_ms(w, passes))
+        tokens = torch.cat([ctx.roots(), drafted[:, :best]], 1)
+        parents = torch.arange(-1, best, device=device).expand_as(tokens)
+        return Proposal(tokens, parents)
+
+    def _choose(self, scores: Tensor, sampling: Sampling, ctx: Context, positions: Tensor) -> Tensor:
+        """The draft's token after each scored position: its argmax, or the draw coupled with
+        the target's (the target's uniform at ``positions``)."""
+        if sampling.do_sample:
+            return draw(scores, ctx.streams, positions, TOKEN)
+        return scores.argmax(-1)
+
+    def _confidence(self, scores: Tensor, choice: Tensor, sampling: Sampling) -> Tensor:
+        """The draft's probability of each chosen token (it stands in for the chance that the
+        target accepts it)."""
+        if sampling.do_sample or len(self.drafts) > 1:  # probabilities already
+            return torch.gather(scores, -1, choice[..., None])[..., 0]
+        top = scores.float()
+        return torch.exp(torch.gather(top, -1, choice[..., None])[..., 0] - torch.logsumexp(top, -1))
 
     def _log_probs(self, scores: Tensor, sampling: Sampling) -> Tensor:
         """Log-probabilities from `_scores` (logits of one draft greedy, else probabilities)."""

@@ -1,0 +1,69 @@
+"""A draft taking copied tokens (`DraftModel(lookup=m)`): the same chain as drafting token by
+token, in fewer draft passes where the text repeats; greedy identity, ragged batches and bad
+arguments. Seeded sampling and the sampling distribution are in test_verify_loop and
+test_decoders (their method lists include it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_decoders import PROMPTS, assert_greedy_identity
+from test_ensemble import Recording
+from tiny_models import cyclic_lm, perturbed, tiny_lm
+
+import specdec
+
+
+def draft_passes(draft: torch.nn.Module) -> list[int]:
+    """A list that grows by one per forward pass of ``draft``."""
+    calls: list[int] = []
+    draft.get_input_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def chains(recording: Recording) -> list[list[list[int]]]:
+    return [step[1].tokens.tolist() for step in recording.steps]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("batch", [[PROMPTS[2]], PROMPTS])
+def test_same_chains_as_token_by_token_in_fewer_draft_passes(family, batch):
+    target = cyclic_lm(family)
+    draft = perturbed(target, 0.1, seed=1)
+    passes = draft_passes(draft)
+    runs = {}
+    for lookup in (0, 4):
+        passes.clear()
+        recording = Recording(specdec.DraftModel(draft, 6, lookup=lookup))
+        out = assert_greedy_identity(target, batch, recording, max_new=40)
+        runs[lookup] = chains(recording), len(passes), out.stats.total_accepted
+    assert runs[4][0] == runs[0][0]  # every step's chain, token for token
+    assert runs[4][2] > 0
+    if len(batch) == 1:  # a batch's pass goes on while any row drafts token by token
+        assert runs[4][1] < runs[0][1], (runs[4][1], runs[0][1])  # copies taken: passes saved
+
+
+def test_ragged_batch_with_eos_and_adaptive_lengths(device):
+    target = cyclic_lm().to(device)
+    draft = perturbed(target, 0.05, seed=2).to(device)
+    for eos in (None, 67):
+        out = assert_greedy_identity(target, PROMPTS, specdec.DraftModel(draft, 4, adaptive=True, lookup=3), eos=eos)
+        assert out.stats.total_accepted > 0
+
+
+def test_limit_one_and_draft_equal_to_target():
+    target = cyclic_lm()
+    out = assert_greedy_identity(target, PROMPTS, specdec.DraftModel(target, 1, lookup=4))
+    assert out.stats.acceptance_rate == 1.0
+    out = assert_greedy_identity(target, PROMPTS[:1], specdec.DraftModel(target, 8, lookup=8), max_new=40)
+    assert out.stats.acceptance_rate == 1.0  # every chain accepted whole: the chain is the draft's
+
+
+def test_bad_arguments():
+    target = tiny_lm()
+    with pytest.raises(ValueError, match="lookup must be >= 0"):
+        specdec.DraftModel(target, lookup=-1)
+    with pytest.raises(ValueError, match="needs tree=1"):
+        specdec.DraftModel(target, lookup=4, tree=2)
+    with pytest.raises(ValueError, match="needs coupled=True"):
+        specdec.DraftModel(target, lookup=4, coupled=False)
