@@ -59,6 +59,15 @@ def test_limit_one_and_draft_equal_to_target():
     assert out.stats.acceptance_rate == 1.0  # every chain accepted whole: the chain is the draft's
 
 
+def test_default_takes_copies_for_one_rows_chain_only():
+    draft = tiny_lm()
+    assert specdec.DraftModel(draft).copied_tokens(1) == 8
+    assert specdec.DraftModel(draft).copied_tokens(4) == 0  # a batch's pass would widen with every row's copy
+    assert specdec.DraftModel(draft, tree=2).copied_tokens(1) == 0
+    assert specdec.DraftModel(draft, coupled=False).copied_tokens(1) == 0
+    assert specdec.DraftModel(draft, lookup=3).copied_tokens(4) == 3
+
+
 def test_bad_arguments():
     target = tiny_lm()
     with pytest.raises(ValueError, match="lookup must be >= 0"):

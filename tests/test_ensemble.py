@@ -237,7 +237,9 @@ def test_every_method_keeps_to_a_node_budget(budget):
         assert_greedy_identity(target, PROMPTS, capped, max_new=12)
         sizes = [int((p.tokens[:, 1:] >= 0).sum(1).max()) for _, p, _, _ in capped.steps]
         assert max(sizes) <= budget, (method, sizes)
-        if budget:
+        # Adaptive methods size their nodes on measured pass times, which may rule everything
+        # out on a loaded machine: only fixed sizes must propose something under a budget.
+        if budget and not getattr(method, "adaptive", False):
             assert max(sizes) > 0, method
 
 

@@ -62,6 +62,24 @@ def test_batch_with_a_draft_is_identical_to_generate(smollm2):
         assert out.sequences[b, S: S + len(want)].tolist() == want
 
 
+def test_a_draft_taking_copies_is_identical_and_drafts_in_fewer_passes(smollm2):
+    # The model as its own draft on the edit that copies its prompt: every chain is accepted,
+    # so both runs verify the same chains, and the copies save draft passes.
+    model, tok = smollm2
+    ids = encode(tok, PROMPTS[0])
+    want = hf_greedy(model, ids, 40)
+    passes: list[int] = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda *_: passes.append(1))
+    runs = {}
+    for lookup in (0, 8):
+        passes.clear()
+        out = specdec.generate(model, ids, max_new_tokens=40, method=specdec.DraftModel(model, 6, lookup=lookup))
+        assert out.sequences[0, ids.shape[1]: ids.shape[1] + len(want)].tolist() == want
+        runs[lookup] = len(passes), out.stats.target_forwards
+    hook.remove()
+    assert runs[8][1] == runs[0][1] and runs[8][0] < runs[0][0] - 5, runs
+
+
 SYSTEM_PROMPT = (
     "You are a careful Python reviewer. Answer with code first and keep explanations short. "
     "Follow PEP 8, prefer the standard library, add type hints, and never invent APIs. "

@@ -234,20 +234,21 @@ def main(args: argparse.Namespace) -> None:
                 specdec.Medusa(heads), dict(sampled, typical=specdec.TypicalAcceptance(eps)))
     if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
-        ours["specdec_draft"] = (specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True), {})
+        # Chains drafted token by token (lookup=0), then taking copies (the default for one row).
+        ours["specdec_draft"] = (specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True, lookup=0), {})
         head = args.draft_head_tokens or None  # 0: the full head
         if head:
             ours[f"specdec_draft_head{head}"] = (specdec.DraftModel(
-                draft, num_draft_tokens=8, adaptive=True, head_tokens=head), {})
+                draft, num_draft_tokens=8, adaptive=True, head_tokens=head, lookup=0), {})
         for k in args.draft_trees:
             ours[f"specdec_draft_tree{k}"] = (specdec.DraftModel(
                 draft, num_draft_tokens=8, adaptive=True, head_tokens=head, tree=k), {})
-        # The chain, the draft taking copied tokens where it agrees with them.
         ours["specdec_draft_lookup"] = (specdec.DraftModel(
             draft, num_draft_tokens=8, adaptive=True, head_tokens=head, lookup=8), {})
-        # Prompt lookup's candidates first, the draft where they do not pay (the reduced head if asked).
+        # Prompt lookup's candidates first, the draft where they do not pay (the reduced head if
+        # asked, taking copies as specdec_draft_lookup does).
         ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(
-            draft, num_draft_tokens=8, adaptive=True, head_tokens=head)), {})
+            draft, num_draft_tokens=8, adaptive=True, head_tokens=head, lookup=8)), {})
     if args.methods:
         unknown = set(args.methods) - {"plain", *hf, *ours, *others}
         if unknown:

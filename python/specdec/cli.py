@@ -246,9 +246,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="the draft's dtype (default: --dtype); the output stays the target's")
     g.add_argument("--draft-tree", type=_branches, default=1, metavar="K",
                    help="the draft proposes a token tree, K branches per level (DraftModel(tree=K)); 1: a chain")
-    g.add_argument("--draft-lookup", type=_copied_tokens, default=0, metavar="M",
+    g.add_argument("--draft-lookup", type=_copied_tokens, default=None, metavar="M",
                    help="each draft pass also checks up to M tokens copied from the context and takes "
-                        "those the draft agrees with (DraftModel(lookup=M), chains); 0: off")
+                        "those the draft agrees with (DraftModel(lookup=M), chains); 0: off; "
+                        "default: 8 for one prompt's chain")
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)

@@ -56,9 +56,12 @@ class DraftModel:
     ``lookup=m`` (chains): each draft pass also feeds up to m tokens copied from the context
     (prompt lookup over the prompt, the output and this step's drafts) after the draft's latest
     token, and takes at once those the draft itself would have chosen next. The chain is the
-    same as without it (the draft's argmax, or its coupled draws), drafted in fewer draft passes
-    where the text repeats earlier text (code editing); the pass costs a little more than a
-    one-token pass. Prompt lookup drafting for the draft (a cascade).
+    same as with ``lookup=0`` (the draft's argmax, or its coupled draws), drafted in fewer draft
+    passes where the text repeats earlier text (code editing); the pass costs a little more
+    than a one-token pass. Prompt lookup drafting for the draft (a cascade). Default (None): 8
+    for a batch of one row drafting a chain with coupled draws, else 0 (a batch's draft pass
+    would be as wide as its rows' copies together, and trees and ``coupled=False`` need their
+    own draws).
 
     The draft must share the target's tokenizer. When the two vocabularies differ only by
     padding rows past the tokenizer (e.g. Qwen2.5 7B and 0.5B), pass ``shared_vocab=len(tokenizer)``:
@@ -80,7 +83,7 @@ class DraftModel:
     shared_vocab: int | None = None
     tree: int = 1
     tree_nodes: int = 24
-    lookup: int = 0
+    lookup: int | None = None
     _head: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -96,8 +99,8 @@ class DraftModel:
             raise ValueError(f"tree must be >= 1 (1: a chain), got {self.tree}")
         if self.tree > 1 and self.tree_nodes < 1:
             raise ValueError(f"tree_nodes must be >= 1, got {self.tree_nodes}")
-        if self.lookup < 0:
-            raise ValueError(f"lookup must be >= 0 (0: off), got {self.lookup}")
+        if self.lookup is not None and self.lookup < 0:
+            raise ValueError(f"lookup must be >= 0 (0: off) or None, got {self.lookup}")
         if self.lookup and self.tree > 1:
             raise ValueError("DraftModel(lookup=...) drafts chains: it needs tree=1")
         if self.lookup and not self.coupled:
@@ -115,6 +118,12 @@ class DraftModel:
     @property
     def max_pass_tokens(self) -> int:
         return 1 + (self.tree_nodes if self.tree > 1 else self.depth)
+
+    def copied_tokens(self, rows: int) -> int:
+        """Copied tokens per draft pass for a batch of ``rows`` (``lookup``, or its default)."""
+        if self.lookup is not None:
+            return self.lookup
+        return 8 if rows == 1 and self.tree == 1 and self.coupled else 0
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
@@ -184,8 +193,9 @@ class _DraftProposer:
         self.method = method = drafts[0]
         B = prompt.shape[0]
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
+        self.lookup = method.copied_tokens(B)
         # A pass taking copies may write lookup + 1 entries past the chain's.
-        room = max_length + (fed_slots(method.tree, method.depth) if method.tree > 1 else method.lookup + 1)
+        room = max_length + (fed_slots(method.tree, method.depth) if method.tree > 1 else self.lookup + 1)
         self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=room),
                         d.reduced_head()) for d in drafts]
         self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots
@@ -238,7 +248,7 @@ class _DraftProposer:
         scores = self._scores(torch.gather(ctx.tokens, 1, idx), pending, sampling)
         if method.tree > 1:
             return self._propose_tree(ctx, scores, min(method.depth, limit), limit, start)
-        if method.lookup:
+        if self.lookup:
             return self._propose_copying(ctx, scores, limit, start)
         # Adaptive: per live row, the chance that every draft so far is accepted (the draft's
         # own probabilities of its tokens stand in for it), and the expected emitted tokens.
@@ -287,7 +297,7 @@ class _DraftProposer:
         draft's choices up to where they leave the copy. One host read per draft pass."""
         method, sampling = self.method, ctx.sampling
         B, device = scores.shape[0], scores.device
-        span = limit + method.lookup + 1  # a pass may score up to lookup + 1 tokens past the limit
+        span = limit + self.lookup + 1  # a pass may score up to lookup + 1 tokens past the limit
         columns = torch.arange(span, device=device)
         drafted = torch.full((B, span), -1, dtype=torch.int64, device=device)
         # Per drafted token: the chance that it and every draft before it are accepted.
@@ -318,10 +328,10 @@ class _DraftProposer:
             reach = torch.where(taken > 0, torch.gather(path, 1, last)[:, 0], reach)
             count += taken
             # Next: each row's latest draft, then the copies the limit leaves room for taking.
-            copies, n = ops.ngram_match(text, ctx.lengths + count, min_n=1, max_n=3, k=method.lookup, earliest=True)
+            copies, n = ops.ngram_match(text, ctx.lengths + count, min_n=1, max_n=3, k=self.lookup, earliest=True)
             n = torch.minimum(n, (limit - 1 - count).clamp_min(0))
             feed = torch.cat([torch.gather(drafted, 1, (count - 1)[:, None]),
-                              torch.where(columns[: method.lookup] < n[:, None], copies, -1)], 1)
+                              torch.where(columns[: self.lookup] < n[:, None], copies, -1)], 1)
             # The next token is taken to be as likely as the latest one (rows at the limit stop).
             gain = (reach * torch.gather(confidence, 1, last)[:, 0] * (count < limit)).sum()
             expected = live + reaches.sum()
