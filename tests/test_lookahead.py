@@ -9,10 +9,12 @@ import pytest
 import torch
 from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
 from test_verify_loop import visible_forward
-from tiny_models import tiny_lm
+from tiny_models import cyclic_lm, tiny_lm
 
 import specdec
+from specdec.cost_model import CostModel
 from specdec.decoders import Context, Proposal, StepResult
+from specdec.sampling import Sampling
 
 
 @dataclass
@@ -186,9 +188,47 @@ def test_adaptive_sizes_follow_the_pass_costs_and_the_hits():
     assert sizes({1: 10.0, 8: 10.0, 16: 20.0}) == (2, 3)
 
 
+def paths(proposal, b):
+    """Row ``b``'s candidate nodes as token paths from the root (the root's token left out)."""
+    tokens, parents = proposal.tokens[b].tolist(), proposal.parents[b].tolist()
+    candidate = proposal.candidates[b].tolist() if proposal.candidates is not None else [True] * len(tokens)
+    found = set()
+    for i in range(1, len(tokens)):
+        if tokens[i] >= 0 and candidate[i]:
+            path, j = [], i
+            while j > 0:
+                path.append(tokens[j])
+                j = parents[j]
+            found.add(tuple(reversed(path)))
+    return found
+
+
+def test_verifies_every_candidate_prompt_lookup_would():
+    # Lookahead's verification trie holds prompt lookup's whole tree, side branches included,
+    # so where the copy does the work (edited code) it verifies no less than prompt lookup.
+    target = cyclic_lm("qwen2", seed=26)
+    recorder, _ = run(target, PROMPTS, specdec.Lookahead(window=2, ngram=3, guess_set=2, copy_tokens=5,
+                                                         side_tokens=2, adaptive=False), max_new=24)
+    lookup = specdec.PromptLookup(num_draft_tokens=5, adaptive=False, side_tokens=2)
+    branched = 0
+    for committed, proposal, _, _ in recorder.steps:
+        width = max(map(len, committed))
+        ctx = Context(torch.tensor([row + [0] * (width - len(row)) for row in committed]),
+                      torch.tensor(list(map(len, committed))), torch.zeros(len(committed), dtype=torch.bool),
+                      Sampling(False), None, CostModel())
+        want = lookup.start(None, ctx, ctx.tokens, ctx.lengths, 64, None).propose(ctx)
+        for b in range(len(committed)):
+            want_paths = paths(want, b)
+            assert want_paths <= paths(proposal, b), (committed[b], want_paths)
+            leaves = [p for p in want_paths if not any(q[: len(p)] == p != q for q in want_paths)]
+            branched += len(leaves) > 1
+    assert branched > 0  # some steps had side branches besides the copy
+
+
 def test_bad_arguments():
     for kwargs, match in [(dict(window=0), "window"), (dict(ngram=1), "ngram"),
-                          (dict(guess_set=-1), "guess_set"), (dict(copy_tokens=-1), "copy_tokens")]:
+                          (dict(guess_set=-1), "guess_set"), (dict(copy_tokens=-1), "copy_tokens"),
+                          (dict(side_tokens=-1), "side_tokens")]:
         with pytest.raises(ValueError, match=match):
             specdec.Lookahead(**kwargs)
 

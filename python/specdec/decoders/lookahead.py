@@ -4,8 +4,9 @@ No draft model and no training. Each step the target runs once over three groups
 
 - the root (the last committed token, at position p - 1);
 - the verification branch: up to G n-grams from the row's pool whose first token is the root,
-  and a longer copy from the context (what followed the earliest earlier occurrence of its
-  longest suffix n-gram), merged into a trie (candidates, verified as a tree);
+  and prompt lookup's candidates (a longer copy of what followed the earliest earlier
+  occurrence of the context's longest suffix n-gram, and its side branches), merged into a
+  trie (candidates, verified as a tree);
 - the lookahead window: N - 1 levels by W columns of guessed tokens, never verified. Level l of
   column j sits at position p + j + l and sees the root, level 0 of columns 0..j and levels
   1..l of its own column: a contiguous context, so its logits guess the token after it.
@@ -27,7 +28,8 @@ from torch import Tensor
 
 from specdec import ops
 from specdec.cost_model import EXPLORE_EVERY
-from specdec.decoders.copy_chain import CopyChain, matched
+from specdec.decoders.copy_chain import matched
+from specdec.decoders.prompt_lookup import PromptLookup
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.ngram_pool import NGramPool
 from specdec.trees import merge_chains
@@ -50,6 +52,9 @@ class Lookahead:
             n-gram proposes at most N - 1 tokens; edited code repeats whole lines); 0: none.
             With ``pool_from_prompt=False`` and ``copy_tokens=0`` the candidates are the
             reference's.
+        side_tokens: the copy's side branches, as :class:`PromptLookup`'s (a repeated line, a
+            copy going on after one changed token); with ``adaptive`` only where they pay. So
+            lookahead verifies what prompt lookup would, and the pool's n-grams besides.
         adaptive: size each step from the target's pass costs and the pool's recent hits:
             the guesses that maximise expected tokens per ms, and window columns only as far
             as they cost at most half of what the guesses currently add (on a GPU, where a
@@ -70,6 +75,7 @@ class Lookahead:
     guess_set: int = 5
     pool_from_prompt: bool = True
     copy_tokens: int = 32
+    side_tokens: int = 4
     adaptive: bool = True
     seed: int = 0
 
@@ -82,10 +88,13 @@ class Lookahead:
             raise ValueError(f"Lookahead: guess_set must be >= 0, got {self.guess_set}")
         if self.copy_tokens < 0:
             raise ValueError(f"Lookahead: copy_tokens must be >= 0, got {self.copy_tokens}")
+        if self.side_tokens < 0:
+            raise ValueError(f"Lookahead: side_tokens must be >= 0, got {self.side_tokens}")
 
     @property
     def max_pass_tokens(self) -> int:
-        return 1 + (self.window + self.guess_set) * (self.ngram - 1) + self.copy_tokens
+        copy = self.copy_tokens + 2 * min(self.side_tokens, self.copy_tokens)
+        return 1 + (self.window + self.guess_set) * (self.ngram - 1) + copy
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
@@ -99,7 +108,12 @@ class Lookahead:
               first: StepResult):
         B, device = ctx.tokens.shape[0], ctx.tokens.device
         pool = NGramPool(B, first.logits.shape[-1], self.ngram, max(self.guess_set, 1), device)
-        proposer = _LookaheadProposer(self, pool, _initial_window(self, prompt, prompt_len))
+        lookup = None
+        if self.copy_tokens:
+            lookup = PromptLookup(num_draft_tokens=self.copy_tokens, adaptive=self.adaptive,
+                                  max_draft_tokens=self.copy_tokens, side_tokens=self.side_tokens)
+            lookup = lookup.start(target, ctx, prompt, prompt_len, max_length, first)
+        proposer = _LookaheadProposer(self, pool, _initial_window(self, prompt, prompt_len), lookup)
         if self.pool_from_prompt:  # every n-gram of the prompt and the first emitted token
             proposer.insert_context(ctx, torch.full_like(prompt_len, self.ngram - 1),
                                     int(prompt_len.max()) + 2 - self.ngram)
@@ -131,12 +145,11 @@ def _window_layout(fill: tuple[int, ...]) -> tuple[list[int], list[int], Tensor,
 
 
 class _LookaheadProposer:
-    def __init__(self, method: Lookahead, pool: NGramPool, levels: Tensor) -> None:
-        self.method, self.pool, self.levels = method, pool, levels
-        self.copy = CopyChain(1, 3, method.copy_tokens, method.adaptive) if method.copy_tokens else None
+    def __init__(self, method: Lookahead, pool: NGramPool, levels: Tensor, lookup) -> None:
+        self.method, self.pool, self.levels, self.lookup = method, pool, levels, lookup
         self.fill = [1] * method.window  # filled levels per column (the same for every row)
         g = method.guess_set
-        # Expected tokens the first g guesses add to the copy's (a prior until measured).
+        # Expected tokens the first g guesses add to prompt lookup's (a prior until measured).
         self.hit = [min(1.0, 0.2 * i) for i in range(g + 1)]
         self.steps = 0
         self.guesses: Tensor | None = None  # [B, g, N - 1] verified this step
@@ -158,8 +171,8 @@ class _LookaheadProposer:
         self.pool.insert(torch.where(valid[:, :, None], grams.view(index.shape), -1))
 
     def _sizes(self, ctx: Context, copied: int) -> tuple[int, int]:
-        """(guesses, window columns) of this step, next to a copy of ``copied`` tokens, within
-        the context's node budget."""
+        """(guesses, window columns) of this step, next to prompt lookup's ``copied`` nodes,
+        within the context's node budget."""
         m = self.method
         n1, cost = m.ngram - 1, ctx.costs.target
         room = ctx.node_budget(m.max_pass_tokens) - copied  # nodes left besides the root and copy
@@ -170,13 +183,13 @@ class _LookaheadProposer:
 
         if not m.adaptive:
             return guesses, columns_within(room - guesses * n1)
-        base = self.copy.acceptance.expected(copied) if copied else 1.0  # tokens without guesses
+        base = self.lookup.expected() if copied else 1.0  # tokens without guesses
         g = max(range(guesses + 1), key=lambda i: (base + self.hit[i]) / cost(1 + copied + i * n1))
         explore = self.steps % EXPLORE_EVERY == 0
         if explore:  # one guess more than pays, so its hits are measured (not all G: they cost)
             g = min(g + 1, guesses)
         # The window pays through the pool: it may cost at most half of what the pool's guesses
-        # add (the other half is kept); the copy's tokens do not come from the window.
+        # add (the other half is kept); prompt lookup's tokens do not come from the window.
         verified = 1 + copied + g * n1
         budget = cost(verified) * (1 + 0.5 * max(self.hit[g], 0.1))
         w = 0
@@ -188,14 +201,14 @@ class _LookaheadProposer:
     def propose(self, ctx: Context) -> Proposal:
         self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         root = ctx.roots()
-        copy = self.copy.propose(ctx, explore=self.steps % EXPLORE_EVERY == 0) if self.copy else None
-        g, w = self._sizes(ctx, 0 if copy is None else copy.shape[1])
+        copy = self.lookup.chains(ctx) if self.lookup else None
+        g, w = self._sizes(ctx, 0 if copy is None else self.lookup.nodes)
         self.guesses = self.pool.lookup(root[:, 0])[0][:, :g] if g else None
         chains = [c for c in (copy, self.guesses) if c is not None]
         tokens, parents = root, torch.full_like(root, -1)
         if chains:
             k = max(c.shape[-1] for c in chains)
-            chains = [F.pad(c if c.dim() == 3 else c[:, None], (0, k - c.shape[-1]), value=-1) for c in chains]
+            chains = [F.pad(c, (0, k - c.shape[-1]), value=-1) for c in chains]
             tokens, parents = merge_chains(root, torch.cat(chains, 1))
         self.start, self.live, self.columns = ctx.lengths.clone(), ~ctx.finished, w
         self.window_start = M = tokens.shape[1]
@@ -227,12 +240,12 @@ class _LookaheadProposer:
             self.insert_context(ctx, self.start, m.ngram)
         if not m.adaptive:
             return
-        # How much of the copy was taken: for the copy's estimate and the guesses' gain beyond it.
-        copied = self.copy.accepted(ctx, step.accept_len) if self.copy else None
+        # The guesses' gain is what they add beyond prompt lookup's candidates.
         if self.guesses is not None:
+            copied = self.lookup.accepted(ctx, step.accept_len) if self.lookup else None
             self._observe_hits(ctx, step.accept_len, copied)
-        if self.copy is not None:
-            self.copy.observe(ctx, step.accept_len, self.live, copied)
+        if self.lookup is not None:
+            self.lookup.update(ctx, step)
 
     def _advance_window(self, logits: Tensor) -> None:
         """The new level from each run column's top level; full columns give the pool an
@@ -252,8 +265,8 @@ class _LookaheadProposer:
                 self.fill[j] += 1
 
     def _observe_hits(self, ctx: Context, accept_len: Tensor, copied: Tensor | None) -> None:
-        """How many tokens the best of the first g guesses would have added to the copy's
-        (``copied [B]`` tokens of it taken, None: no copy), per g."""
+        """How many tokens the best of the first g guesses would have added to prompt lookup's
+        (``copied [B]`` tokens of its candidates taken, None: none), per g."""
         best = matched(self.guesses, ctx, self.start, accept_len).cummax(1).values
         if copied is not None:
             best = best - copied[:, None]

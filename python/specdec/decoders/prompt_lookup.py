@@ -11,7 +11,7 @@ from torch import Tensor
 
 from specdec import ops
 from specdec.cost_model import EXPLORE_EVERY
-from specdec.decoders.copy_chain import CopyChain
+from specdec.decoders.copy_chain import CopyChain, matched
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.trees import merge_chains
 
@@ -82,14 +82,26 @@ class _LookupProposer:
         self.side_gain = 0.5  # running mean of the tokens per step the side branches added
         self.steps = 0
         self.sides = False
+        self.proposed: Tensor | None = None  # this step's chains [B, M, k]
+        self.nodes = 0                       # and at most how many nodes they make
 
     def propose(self, ctx: Context) -> Proposal:
+        root = ctx.roots()
+        chains = self.chains(ctx)
+        if chains is None:
+            return Proposal.root_only(root)
+        tokens, parents = merge_chains(root, chains)
+        return Proposal(tokens, parents)
+
+    def chains(self, ctx: Context) -> Tensor | None:
+        """This step's chains ``[B, M, k]`` (-1 padded): the first chain, then the side branches
+        where they pay; None where no candidate pays."""
         m = self.method
         self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
-        root = ctx.roots()
         main = self.main.propose(ctx, explore=self.steps % EXPLORE_EVERY == 0)
+        self.proposed, self.nodes = None, 0
         if main is None:
-            return Proposal.root_only(root)
+            return None
         k = main.shape[1]
         chains = [main]
         side = min(m.side_tokens, k, (ctx.node_budget(k + 2 * m.side_tokens) - k) // 2)
@@ -99,9 +111,21 @@ class _LookupProposer:
             chains.append(match(ctx.tokens, ctx.lengths, k=side)[0])
             # Matched without the last token: skip the token that followed the occurrence.
             chains.append(match(ctx.tokens, (ctx.lengths - 1).clamp_min(0), k=side + 1)[0][:, 1:])
-        chains = torch.stack([F.pad(c, (0, k - c.shape[1]), value=-1) for c in chains], 1)
-        tokens, parents = merge_chains(root, chains)
-        return Proposal(tokens, parents)
+        self.nodes = k + 2 * side * self.sides
+        self.proposed = torch.stack([F.pad(c, (0, k - c.shape[1]), value=-1) for c in chains], 1)
+        return self.proposed
+
+    def expected(self) -> float:
+        """Tokens per row this step's chains are expected to add (1: no chains)."""
+        if self.proposed is None:
+            return 1.0
+        return self.main.acceptance.expected(self.proposed.shape[2]) + self.sides * self.side_gain
+
+    def accepted(self, ctx: Context, accept_len: Tensor) -> Tensor:
+        """``[B]`` how many of this step's candidates the committed text took (the best chain)."""
+        if self.proposed is None:
+            return torch.zeros_like(accept_len)
+        return matched(self.proposed, ctx, self.main.start, accept_len).max(1).values
 
     def _sides_pay(self, ctx: Context, k: int, side: int) -> bool:
         """Whether the side branches' expected extra tokens are worth their share of the pass
@@ -119,7 +143,8 @@ class _LookupProposer:
         # The estimates cost a host sync: only when they are used.
         if not self.method.adaptive:
             return
-        rows = self.main.observe(ctx, step.accept_len, ~ctx.finished)
+        # Counted within these chains: in a larger tree (lookahead's) other nodes may add more.
+        rows = self.main.observe(ctx, self.accepted(ctx, step.accept_len), ~ctx.finished)
         if self.sides and rows:  # what the sides added beyond the first chain
             gain = sum(total - a for total, a, _ in rows) / len(rows)
             self.side_gain = 0.8 * self.side_gain + 0.2 * gain
