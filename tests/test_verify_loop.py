@@ -214,6 +214,22 @@ def test_costs_known_only_for_wide_passes_do_not_keep_passes_wide():
     assert costs.best_length(AcceptanceEstimate(prior=0.5), 32) < 32
 
 
+
+def test_passes_wider_than_any_measured_follow_the_trend():
+    from specdec.cost_model import CostModel
+
+    # On a CPU costs keep rising past the widest profiled pass (15 ms per token from 16 to 32
+    # here): nodes added to a long copy, or a batch's rows x nodes, are not free.
+    cpu = {1: 400.0, 16: 570.0, 32: 810.0}
+    assert CostModel(cpu).target(48) == pytest.approx(810.0 + 16 * 15.0)
+    assert CostModel(cpu).target(64) > CostModel(cpu).target(48) > CostModel(cpu).target(32)
+    assert CostModel(cpu, rows=8).target(5) == pytest.approx(810.0 + 8 * 15.0)  # 40 tokens
+    # Flat costs (a GPU) stay flat, a falling trend (noise) is not extended down, and one known
+    # point stays flat until a wider pass is measured.
+    assert CostModel({1: 10.0, 32: 10.0}).target(100) == 10.0
+    assert CostModel({1: 10.0, 16: 30.0, 32: 25.0}).target(64) == 25.0
+    assert CostModel({33: 330.0}).target(66) == 330.0
+
 SAMPLING = dict(do_sample=True, temperature=0.9, top_p=0.95)
 
 

@@ -53,6 +53,8 @@ class CostModel:
         >>> profile = {1: 50.0, 8: 60.0, 32: 200.0}   # one row over k tokens, ms
         >>> round(CostModel(profile).target(4), 1), CostModel(profile, rows=8).target(4)
         (54.3, 200.0)
+        >>> round(CostModel(profile).target(48), 1)  # 200 + 16 x (200 - 60) / (32 - 8)
+        293.3
     """
 
     target_ms: dict[int, float] = field(default_factory=dict)
@@ -76,10 +78,13 @@ class CostModel:
 
     def target(self, k: int) -> float:
         """Cost of a target pass of k nodes per row (``rows * (k + extra)`` tokens): piecewise-linear in
-        the known points, flat above them, proportional to the tokens below them (1.0 for every
-        k when nothing is known). Below, the cost is underestimated rather than over: a
-        narrower pass then gets tried, measured, and the estimate corrects itself, where a flat
-        one would keep every pass as wide as the first measured."""
+        the known points; above them along the trend from a pass at most half as wide as the
+        widest to the widest (never falling; flat with one known point), since on a CPU wider
+        passes keep costing more and a flat price made nodes added to a long copy look free;
+        proportional to the tokens below them (1.0 for every k when nothing is known). Below,
+        the cost is underestimated rather than over: a narrower pass then gets tried, measured,
+        and the estimate corrects itself, where a flat one would keep every pass as wide as the
+        first measured."""
         if not self.target_ms:
             return 1.0
         k = (k + self.extra) * self.rows
@@ -87,7 +92,12 @@ class CostModel:
         if k <= ks[0]:
             return self.target_ms[ks[0]] * k / ks[0]
         if k >= ks[-1]:
-            return self.target_ms[ks[-1]]
+            top = ks[-1]
+            ref = max((i for i in ks if 2 * i <= top), default=ks[0])
+            if ref == top:  # one point: flat, until a wider pass is measured
+                return self.target_ms[top]
+            slope = max(0.0, (self.target_ms[top] - self.target_ms[ref]) / (top - ref))
+            return self.target_ms[top] + slope * (k - top)
         hi = next(i for i in ks if i >= k)
         lo = max(i for i in ks if i <= k)
         if hi == lo:
