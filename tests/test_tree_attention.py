@@ -68,6 +68,22 @@ def test_half_precision_relative_error(device, dtype, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_query_gets_the_same_bits_whatever_shares_its_pass(device, dtype):
+    # Exactness in every dtype rests on this: node i of a chain of T nodes gets, bit for bit, what
+    # a one-token pass gets once nodes 0 .. i-1 are committed, for T up to 64 (on a GPU the prefix
+    # spans several key splits, whose number must not depend on T).
+    P, T = 600, 64
+    q, k, v, _, _ = make_inputs(1, 8, 2, T, 64, P + T, dtype, device, seed=3)
+    for size in (1, 2, 3, 4, 8, 17, 64):
+        chain = torch.ones(1, size, size, dtype=torch.bool, device=device).tril()
+        out = ops.tree_attention(q[:, :, :size], k, v, torch.tensor([P], device=device), chain)
+        for i in range(size):
+            one = ops.tree_attention(q[:, :, i: i + 1], k, v, torch.tensor([P + i], device=device), chain[:, :1, :1])
+            assert torch.equal(out[:, :, i], one[:, :, 0]), (size, i)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_causal_is_the_chain_mask(device):
     q, k, v, prefix_len, _ = make_inputs(2, 8, 2, 37, 64, 160, torch.float32, device, seed=2)
     chain = torch.ones(2, 37, 37, dtype=torch.bool, device=device).tril()

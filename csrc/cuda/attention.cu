@@ -20,7 +20,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 
 #include "core/attention.h"
 #include "cuda/launch.cuh"
@@ -50,14 +52,16 @@ Tile pick_tile(int64_t D) {
 }
 
 int sm_count(int device) {
-  static std::array<int, 64> cached{};
+  // Atomic: host threads may launch on one device at once (each stores the same value).
+  static std::array<std::atomic<int>, 64> cached{};
   if (device < 0 || device >= 64) return 108;
-  if (cached[device] == 0) {
-    int n = 0;
+  int n = cached[device].load(std::memory_order_relaxed);
+  if (n == 0) {
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    cached[device] = n > 0 ? n : 1;
+    n = std::max(n, 1);
+    cached[device].store(n, std::memory_order_relaxed);
   }
-  return cached[device];
+  return n;
 }
 
 struct AttnParams {
@@ -230,10 +234,12 @@ void tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
 
   const int64_t G = d.H / d.Hkv;
   const int64_t tiles = (d.T * G + tile.rows - 1) / tile.rows;
-  const int64_t blocks = d.B * d.Hkv * tiles;
-  // Enough splits to fill the GPU about twice, none shorter than kMinSplitKeys.
+  // Enough splits to fill the GPU about twice with one tile per (row, KV head), none shorter
+  // than kMinSplitKeys. Not counted by tiles: a query's key splits, so its rounding, must not
+  // depend on how many queries share the pass (T) or how they are tiled (G, D).
   const int64_t max_splits = std::max<int64_t>(1, (d.S + kMinSplitKeys - 1) / kMinSplitKeys);
-  const int64_t want = (2 * sm_count(q.get_device()) + blocks - 1) / blocks;
+  const int64_t heads = d.B * d.Hkv;
+  const int64_t want = (2 * sm_count(q.get_device()) + heads - 1) / heads;
   const int64_t num_splits = std::min(max_splits, std::max<int64_t>(1, want));
   const int64_t split_len = (d.S + num_splits - 1) / num_splits;
 
