@@ -29,7 +29,7 @@ from torch import Tensor
 from specdec import ops
 from specdec.cost_model import EXPLORE_EVERY
 from specdec.decoders.copy_chain import matched
-from specdec.decoders.prompt_lookup import PromptLookup
+from specdec.decoders.prompt_lookup import PromptLookup, _LookupProposer
 from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.ngram_pool import NGramPool
 from specdec.trees import merge_chains
@@ -145,7 +145,8 @@ def _window_layout(fill: tuple[int, ...]) -> tuple[list[int], list[int], Tensor,
 
 
 class _LookaheadProposer:
-    def __init__(self, method: Lookahead, pool: NGramPool, levels: Tensor, lookup) -> None:
+    def __init__(self, method: Lookahead, pool: NGramPool, levels: Tensor,
+                 lookup: _LookupProposer | None) -> None:
         self.method, self.pool, self.levels, self.lookup = method, pool, levels, lookup
         self.fill = [1] * method.window  # filled levels per column (the same for every row)
         g = method.guess_set
