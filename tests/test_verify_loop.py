@@ -214,7 +214,6 @@ def test_costs_known_only_for_wide_passes_do_not_keep_passes_wide():
     assert costs.best_length(AcceptanceEstimate(prior=0.5), 32) < 32
 
 
-
 def test_passes_wider_than_any_measured_follow_the_trend():
     from specdec.cost_model import CostModel
 
@@ -229,6 +228,7 @@ def test_passes_wider_than_any_measured_follow_the_trend():
     assert CostModel({1: 10.0, 32: 10.0}).target(100) == 10.0
     assert CostModel({1: 10.0, 16: 30.0, 32: 25.0}).target(64) == 25.0
     assert CostModel({33: 330.0}).target(66) == 330.0
+
 
 SAMPLING = dict(do_sample=True, temperature=0.9, top_p=0.95)
 

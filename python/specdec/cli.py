@@ -20,20 +20,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
-def _branches(value: str) -> int:
-    """``--draft-tree``: branches per level, 1 (a chain) or more."""
-    k = int(value)
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (1: a chain), got {k}")
-    return k
+def _at_least(low: int, note: str, name: str):
+    """An argparse type: an int of at least ``low`` (``note``: what ``low`` means)."""
+    def parse(value: str) -> int:
+        n = int(value)
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low} ({note}), got {n}")
+        return n
+    parse.__name__ = name  # argparse names the type in its "invalid ... value" message
+    return parse
 
 
-def _copied_tokens(value: str) -> int:
-    """``--draft-lookup``: copied tokens per draft pass, 0 (off) or more."""
-    m = int(value)
-    if m < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: off), got {m}")
-    return m
+_branches = _at_least(1, "1: a chain", "branches")            # --draft-tree
+_copied_tokens = _at_least(0, "0: off", "copied tokens")     # --draft-lookup
 
 
 def _prompt_text(args: argparse.Namespace) -> str:

@@ -256,25 +256,15 @@ class _DraftProposer:
         expected = reach.sum()
         drafts, probs = [], []
         for i in range(limit):
-            if sampling.do_sample:
-                q = scores
-                # Coupled: the target's uniform at this position; else the draft's own.
-                choice = draw(q, ctx.streams, ctx.lengths + i, TOKEN if method.coupled else DRAFT)
-                if not method.coupled:  # ids past the draft's scores: probability 0
-                    probs.append(F.pad(q, (0, self.target_vocab - q.shape[-1])))
-            else:
-                choice = scores.argmax(-1)
+            # Coupled: the target's uniform at this position; else the draft's own.
+            choice = self._choose(scores, sampling, ctx, ctx.lengths + i, TOKEN if method.coupled else DRAFT)
+            if sampling.do_sample and not method.coupled:  # ids past the draft's scores: probability 0
+                probs.append(F.pad(scores, (0, self.target_vocab - scores.shape[-1])))
             drafts.append(choice)
             if i + 1 == limit:
                 break
             if method.adaptive:
-                if sampling.do_sample:
-                    confidence = torch.gather(q, 1, choice[:, None])[:, 0]
-                elif len(self.drafts) > 1:  # probabilities already
-                    confidence = scores.max(-1).values
-                else:
-                    top = scores.float()
-                    confidence = torch.exp(top.max(-1).values - torch.logsumexp(top, -1))
+                confidence = self._confidence(scores, choice, sampling)
                 reach = reach * confidence
                 expected = expected + reach.sum()
                 # The next token is taken to be as likely as this one. One host read per token.
@@ -354,11 +344,12 @@ class _DraftProposer:
         parents = torch.arange(-1, best, device=device).expand_as(tokens)
         return Proposal(tokens, parents)
 
-    def _choose(self, scores: Tensor, sampling: Sampling, ctx: Context, positions: Tensor) -> Tensor:
-        """The draft's token after each scored position: its argmax, or the draw coupled with
-        the target's (the target's uniform at ``positions``)."""
+    def _choose(self, scores: Tensor, sampling: Sampling, ctx: Context, positions: Tensor,
+                stream: int = TOKEN) -> Tensor:
+        """The draft's token after each scored position: its argmax, or a draw with the
+        uniforms of ``stream`` at ``positions`` (TOKEN: the target's, so the draws are coupled)."""
         if sampling.do_sample:
-            return draw(scores, ctx.streams, positions, TOKEN)
+            return draw(scores, ctx.streams, positions, stream)
         return scores.argmax(-1)
 
     def _confidence(self, scores: Tensor, choice: Tensor, sampling: Sampling) -> Tensor:

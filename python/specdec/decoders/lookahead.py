@@ -241,12 +241,12 @@ class _LookaheadProposer:
             self.insert_context(ctx, self.start, m.ngram)
         if not m.adaptive:
             return
-        # The guesses' gain is what they add beyond prompt lookup's candidates.
+        # What prompt lookup's candidates took: its estimates, and the guesses' gain beyond it.
+        copied = self.lookup.accepted(ctx, step.accept_len) if self.lookup else None
         if self.guesses is not None:
-            copied = self.lookup.accepted(ctx, step.accept_len) if self.lookup else None
             self._observe_hits(ctx, step.accept_len, copied)
         if self.lookup is not None:
-            self.lookup.update(ctx, step)
+            self.lookup.observe(ctx, copied)
 
     def _advance_window(self, logits: Tensor) -> None:
         """The new level from each run column's top level; full columns give the pool an

@@ -140,11 +140,15 @@ class _LookupProposer:
         """Nothing to drop: no per-row state lasts from one step to the next."""
 
     def update(self, ctx: Context, step: StepResult) -> None:
+        self.observe(ctx, step.accept_len)  # its tree was the step's whole tree
+
+    def observe(self, ctx: Context, accepted: Tensor) -> None:
+        """Learns from the step just committed, where ``accepted [B]`` of this step's candidates
+        were taken (`accepted`, when they were part of a larger tree such as lookahead's)."""
         # The estimates cost a host sync: only when they are used.
         if not self.method.adaptive:
             return
-        # Counted within these chains: in a larger tree (lookahead's) other nodes may add more.
-        rows = self.main.observe(ctx, self.accepted(ctx, step.accept_len), ~ctx.finished)
+        rows = self.main.observe(ctx, accepted, ~ctx.finished)
         if self.sides and rows:  # what the sides added beyond the first chain
             gain = sum(total - a for total, a, _ in rows) / len(rows)
             self.side_gain = 0.8 * self.side_gain + 0.2 * gain
