@@ -187,6 +187,16 @@ def test_reduced_draft_head_scores_the_lowest_ids():
     assert method.reduced_head() is method.reduced_head()  # made once
     specdec.accelerate_verification(draft)  # the prepared head keeps only its packed weight
     torch.testing.assert_close(method.reduced_head()(hidden), want, rtol=1e-5, atol=1e-6)
+    # A draft only proposes: its reduced head never pads one-row products (the faster path).
+    assert method.reduced_head().min_rows == 1
+
+
+def test_draft_prepared_for_drafting_keeps_greedy_identity():
+    target = tiny_lm("qwen2", seed=5)
+    draft = specdec.accelerate_verification(perturbed(target, 0.05, 4), specdec.VerificationConfig.for_draft())
+    assert {m.min_rows for m in draft.modules() if isinstance(m, specdec.PackedLinear)} == {1}
+    method = specdec.DraftModel(draft, 4, adaptive=True, head_tokens=40)
+    assert assert_greedy_identity(target, PROMPTS, method).stats.total_accepted > 0
 
 
 def test_sampling_is_reproducible_with_a_generator():

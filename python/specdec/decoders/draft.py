@@ -412,5 +412,8 @@ def _lowest_ids_head(lm_head: torch.nn.Module, n: int) -> torch.nn.Module:
         sub.weight.copy_(weight[:n])
         if lm_head.bias is not None:
             sub.bias.copy_(lm_head.bias[:n])
-    # A prepared head stays prepared: packed, even one-row products are 2-3x faster on CPU.
-    return PackedLinear(sub, VerificationConfig().batch_hint) if isinstance(lm_head, PackedLinear) else sub
+    # A prepared head stays prepared: packed, even one-row products are 2-3x faster on CPU. Not
+    # padded: a draft's logits need no row-count invariance (VerificationConfig.for_draft).
+    config = VerificationConfig.for_draft()
+    return (PackedLinear(sub, config.batch_hint, min_rows=config.min_rows) if isinstance(lm_head, PackedLinear)
+            else sub)
