@@ -339,3 +339,23 @@ def test_a_batch_falls_back_to_one_token_passes_while_they_are_faster():
     single = Recording(specdec.DraftModel(tiny_lm("llama", seed=123), 4))
     assert_greedy_identity(target, PROMPTS[:1], single, max_new=24, pace=True)
     assert all(budget is None for _, _, budget, _ in single.steps)
+
+
+def test_slow_spells_do_not_take_a_width_out_of_use():
+    from specdec.cost_model import OUTLIER, AcceptanceEstimate, CostModel
+
+    # Estimates seen after one slow spell of the VM (ms; profile 59-60 up to 4 tokens).
+    profile = {1: 59.0, 2: 59.0, 4: 59.0, 8: 73.0, 16: 109.0, 32: 152.0}
+    costs = CostModel(dict(profile), draft_ms_per_token=20.0)
+    likely = AcceptanceEstimate(prior=0.9)
+    before = costs.best_length(likely, 8)
+    for k, ms in ((2, 125.0), (4, 88.0), (5, 103.0)):
+        costs.observe_target(k, ms)
+    # One slow pass moves an estimate by at most its clipped share, and never above a wider pass.
+    assert costs.target_ms[2] == pytest.approx(0.8 * 59.0 + 0.2 * OUTLIER * 59.0)
+    assert costs.target(5) <= costs.target(8) == 73.0
+    assert all(costs.target(k) <= costs.target(k + 1) for k in range(1, 40))
+    assert costs.best_length(likely, 8) == before
+    # The draft's cost too.
+    costs.observe_draft(200.0)
+    assert costs.draft_ms_per_token == pytest.approx(0.8 * 20.0 + 0.2 * OUTLIER * 20.0)

@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 # the loop's pacing).
 EXPLORE_EVERY = 8
 
+# A pass's time on a shared machine has outliers (other processes, a virtual machine's
+# neighbours): one observation counts as at most this many times the current estimate. An
+# estimate raised by a single slow pass would otherwise keep that width out of use, and a width
+# not used is not measured again. Seen on Qwen2.5-Coder-1.5B (bf16, a 2-core VM): in one run the
+# estimates of 2-, 4- and 5-token passes ended at 125, 88 and 103 ms against 59-60, and a draft
+# chain took 42 target passes for 128 tokens where the other runs on that prompt took 37-38.
+OUTLIER = 1.5
+
 
 @dataclass
 class RunningMean:
@@ -49,6 +57,10 @@ class CostModel:
     (the linear layers see rows x nodes rows), so a batch of 8 pays for 8 candidates per
     candidate position and proposes only what pays for that.
 
+    Measurements are smoothed, a slow one counts as at most ``OUTLIER`` times the estimate, and
+    a pass is never priced above a wider one: a shared machine's slow spells do not take a
+    width out of use.
+
     Example:
         >>> profile = {1: 50.0, 8: 60.0, 32: 200.0}   # one row over k tokens, ms
         >>> round(CostModel(profile).target(4), 1), CostModel(profile, rows=8).target(4)
@@ -66,15 +78,28 @@ class CostModel:
     extra: int = 0
 
     def observe_target(self, k: int, ms: float) -> None:
-        """A pass of k nodes per row took ``ms``."""
+        """A pass of k nodes per row took ``ms``. A width not measured before starts from its
+        price by the known ones.
+
+        Example (one pass measured slow, at twice the profile):
+            >>> costs = CostModel({1: 60.0, 2: 60.0, 8: 74.0})
+            >>> costs.observe_target(2, 125.0)
+            >>> costs.target_ms[2], costs.target(2)     # 0.8 x 60 + 0.2 x 1.5 x 60
+            (66.0, 66.0)
+            >>> costs.observe_target(4, 125.0); costs.target(4)   # priced no higher than 8 tokens
+            74.0
+        """
         n = k * self.rows
-        old = self.target_ms.get(n)
-        self.target_ms[n] = ms if old is None else (1 - self.smoothing) * old + self.smoothing * ms
+        old = self.target_ms.get(n, self._price(n) if self.target_ms else None)
+        self.target_ms[n] = self._smoothed(old, ms)
 
     def observe_draft(self, ms_per_token: float) -> None:
-        old = self.draft_ms_per_token
-        self.draft_ms_per_token = ms_per_token if old == 0 else (
-            (1 - self.smoothing) * old + self.smoothing * ms_per_token)
+        self.draft_ms_per_token = self._smoothed(self.draft_ms_per_token or None, ms_per_token)
+
+    def _smoothed(self, old: float | None, ms: float) -> float:
+        if old is None:
+            return ms
+        return (1 - self.smoothing) * old + self.smoothing * min(ms, OUTLIER * old)
 
     def target(self, k: int) -> float:
         """Cost of a target pass of k nodes per row (``rows * (k + extra)`` tokens): piecewise-linear in
@@ -87,23 +112,29 @@ class CostModel:
         first measured."""
         if not self.target_ms:
             return 1.0
-        k = (k + self.extra) * self.rows
+        return self._price((k + self.extra) * self.rows)
+
+    def _price(self, k: int) -> float:
+        """Cost of a pass of k tokens (see `target`), from a non-empty ``target_ms``."""
         ks = sorted(self.target_ms)
+        ms, low = {}, float("inf")
+        for i in reversed(ks):  # a pass over more tokens never costs less
+            low = ms[i] = min(low, self.target_ms[i])
         if k <= ks[0]:
-            return self.target_ms[ks[0]] * k / ks[0]
+            return ms[ks[0]] * k / ks[0]
         if k >= ks[-1]:
             top = ks[-1]
             ref = max((i for i in ks if 2 * i <= top), default=ks[0])
             if ref == top:  # one point: flat, until a wider pass is measured
-                return self.target_ms[top]
-            slope = max(0.0, (self.target_ms[top] - self.target_ms[ref]) / (top - ref))
-            return self.target_ms[top] + slope * (k - top)
+                return ms[top]
+            slope = max(0.0, (ms[top] - ms[ref]) / (top - ref))
+            return ms[top] + slope * (k - top)
         hi = next(i for i in ks if i >= k)
         lo = max(i for i in ks if i <= k)
         if hi == lo:
-            return self.target_ms[lo]
+            return ms[lo]
         t = (k - lo) / (hi - lo)
-        return (1 - t) * self.target_ms[lo] + t * self.target_ms[hi]
+        return (1 - t) * ms[lo] + t * ms[hi]
 
     def best_length(self, acceptance: AcceptanceEstimate, max_len: int) -> int:
         """Number of chain candidates (0..max_len) maximising the expected emitted tokens per ms.
