@@ -78,8 +78,9 @@ class CostModel:
     extra: int = 0
 
     def observe_target(self, k: int, ms: float) -> None:
-        """A pass of k nodes per row took ``ms``. A width not measured before starts from its
-        price by the known ones.
+        """A pass of k nodes per row took ``ms``. The first measurement of a width is taken as
+        it is (a price interpolated from other widths may be far off: below the narrowest
+        known one it is proportional to the tokens).
 
         Example (one pass measured slow, at twice the profile):
             >>> costs = CostModel({1: 60.0, 2: 60.0, 8: 74.0})
@@ -90,8 +91,7 @@ class CostModel:
             74.0
         """
         n = k * self.rows
-        old = self.target_ms.get(n, self._price(n) if self.target_ms else None)
-        self.target_ms[n] = self._smoothed(old, ms)
+        self.target_ms[n] = self._smoothed(self.target_ms.get(n), ms)
 
     def observe_draft(self, ms_per_token: float) -> None:
         self.draft_ms_per_token = self._smoothed(self.draft_ms_per_token or None, ms_per_token)
