@@ -19,7 +19,7 @@ EXPLORE_EVERY = 8
 # estimate raised by a single slow pass would otherwise keep that width out of use, and a width
 # not used is not measured again. Seen on Qwen2.5-Coder-1.5B (bf16, a 2-core VM): in one run the
 # estimates of 2-, 4- and 5-token passes ended at 125, 88 and 103 ms against 59-60, and a draft
-# chain took 42 target passes for 128 tokens where the other runs on that prompt took 37-38.
+# chain took 42 target passes for 128 tokens (of four runs on that prompt: 37, 38, 43, 42).
 OUTLIER = 1.5
 
 
@@ -112,10 +112,7 @@ class CostModel:
         first measured."""
         if not self.target_ms:
             return 1.0
-        return self._price((k + self.extra) * self.rows)
-
-    def _price(self, k: int) -> float:
-        """Cost of a pass of k tokens (see `target`), from a non-empty ``target_ms``."""
+        k = (k + self.extra) * self.rows
         ks = sorted(self.target_ms)
         ms, low = {}, float("inf")
         for i in reversed(ks):  # a pass over more tokens never costs less
