@@ -346,8 +346,8 @@ def test_slow_spells_do_not_take_a_width_out_of_use():
 
     # Estimates seen after one slow spell of the VM (ms; profile 59-60 up to 4 tokens).
     profile = {1: 59.0, 2: 59.0, 4: 59.0, 8: 73.0, 16: 109.0, 32: 152.0}
-    costs = CostModel(dict(profile), draft_ms_per_token=20.0)
-    likely = AcceptanceEstimate(prior=0.9)
+    costs = CostModel(dict(profile), draft_ms_per_token=10.0)
+    likely = AcceptanceEstimate(prior=0.95)
     before = costs.best_length(likely, 8)
     for k, ms in ((2, 125.0), (4, 88.0), (5, 103.0)):
         costs.observe_target(k, ms)
@@ -356,6 +356,9 @@ def test_slow_spells_do_not_take_a_width_out_of_use():
     assert costs.target(5) <= costs.target(8) == 73.0
     assert all(costs.target(k) <= costs.target(k + 1) for k in range(1, 40))
     assert costs.best_length(likely, 8) == before
+    # A chain extended draft by draft still goes past 3 drafts (a 5-token pass priced at the
+    # 103 ms measured would stop it there, though 7 drafts pay best).
+    assert all(costs.extend_pays(d, likely.expected(d), 0.95 ** (d + 1)) for d in range(1, 7))
     # The draft's cost too.
     costs.observe_draft(200.0)
-    assert costs.draft_ms_per_token == pytest.approx(0.8 * 20.0 + 0.2 * OUTLIER * 20.0)
+    assert costs.draft_ms_per_token == pytest.approx(0.8 * 10.0 + 0.2 * OUTLIER * 10.0)
