@@ -195,7 +195,7 @@ def generate(
         while batch.going(cache, streams, proposer):
             ctx, generated = batch.ctx, batch.generated
             step_start = time.perf_counter()
-            budget = pacing.budget() if pacing is not None else None
+            budget = pacing.budget(generated, ~ctx.finished) if pacing is not None else None
             step_ctx = ctx if budget is None else dataclasses.replace(ctx, max_nodes=budget)
             proposal = proposer.propose(step_ctx) if proposer else Proposal.root_only(ctx.roots())
             # Rows that have stopped (kept with drop_finished=False) are still computed (their
@@ -232,11 +232,8 @@ def generate(
             cache.rollback(torch.minimum(cache.lengths, ctx.lengths - 1))
             if proposer:
                 proposer.update(ctx, StepResult(proposal, path, n, nxt, logits, hidden))
-            if pacing is not None:  # the slowest row that is still going: what ends the batch
-                none_going = 1 << 30
-                slowest = int(torch.where(live & ~ctx.finished, n + 1, none_going).min())  # one host read
-                if slowest != none_going:
-                    pacing.observe(slowest, (time.perf_counter() - step_start) * 1e3)
+            if pacing is not None:
+                pacing.observe(generated, ~ctx.finished, (time.perf_counter() - step_start) * 1e3)
         tokens, generated = batch.every_row()
     if streamer is not None:
         streamer.end()
