@@ -16,4 +16,5 @@ done
 "$py" -m specdec.cli bench --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --prompts 2 --out "$out"
 "$py" bench/long_prompt.py --model qwen2.5-coder-0.5b --lengths 500,2000,4000,8000 --repeats 2
 "$py" bench/batch_sizes.py --model qwen2.5-coder-0.5b --sizes 1,2,4,8,16 --threads 2
+"$py" bench/batch_pass_cost.py --model qwen2.5-coder-0.5b --rows 1,2,4,8,16 --ks 1,2,4,8,16 --threads 2
 "$py" bench/shared_prefix.py --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft-dtype bfloat16 --rows 8 --threads 2
