@@ -9,6 +9,8 @@ and each method given; every output is checked identical to our one-token decodi
 batch. Writes ``bench/results/batch_sizes-<model>-<dtype>[-<tag>].{json,md,png}``.
 
     python bench/batch_sizes.py --model qwen2.5-coder-0.5b --sizes 1,2,4,8,16
+    python bench/batch_sizes.py --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
+        --methods prompt_lookup,draft --sizes 1,2,4,8   # DraftModel: the draft in bf16, head 65536
 
 Run it on an idle machine: the numbers are wall-clock, ratios from one run.
 """
@@ -23,12 +25,15 @@ from pathlib import Path
 import specdec
 import torch
 from prepared import DTYPES, prepared_model
+from specdec import models
 from specdec.bench import EDITING_PROMPTS, GENERATION_PROMPTS
 from specdec.cli import _encode, pad_token_id
 
 CHAT_PROMPTS = ["What is the difference between a list and a tuple in Python?",
                 "Name three sorting algorithms and when to use each."]
-METHODS = {"prompt_lookup": lambda: specdec.PromptLookup(), "lookahead": lambda: specdec.Lookahead()}
+# Each takes the draft model (``--draft``; None without it).
+METHODS = {"prompt_lookup": lambda draft: specdec.PromptLookup(), "lookahead": lambda draft: specdec.Lookahead(),
+           "draft": lambda draft: specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True, head_tokens=65536)}
 KEPT = {"drop_finished": False}
 
 
@@ -64,19 +69,29 @@ def main() -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--sizes", default="1,2,4,8,16")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"of {sorted(METHODS)}")
+    parser.add_argument("--methods", default="prompt_lookup,lookahead",
+                        help=f"of {sorted(METHODS)} (draft: with --draft)")
+    parser.add_argument("--draft", default=None, help="draft model of the draft method, prepared for drafting")
+    parser.add_argument("--draft-dtype", choices=sorted(DTYPES), default="bfloat16")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="", help="appended to the result files' names")
     parser.add_argument("--kinds", default="generation,editing,chat",
                         help=f"prompt kinds taken in turn, of {sorted(KINDS)}")
     args = parser.parse_args()
+    names = [m for m in args.methods.split(",") if m]
+    if "draft" in names and not args.draft:
+        raise SystemExit("batch_sizes.py: the draft method needs --draft MODEL")
     model, tok = prepared_model(args)
+    draft = None
+    if args.draft:
+        draft = models.load(args.draft, dtype=DTYPES[args.draft_dtype])[0]
+        specdec.accelerate_verification(draft, specdec.VerificationConfig.for_draft())
     pad = pad_token_id(tok)
     # One-token decoding with stopped rows kept in every pass (drop_finished=False): what
     # dropping them buys.
     methods = {"specdec_one_token": (lambda: None, {}), "specdec_one_token_kept": (lambda: None, KEPT),
-               **{f"specdec_{m}": (METHODS[m], {}) for m in args.methods.split(",") if m}}
+               **{f"specdec_{m}": (lambda m=m: METHODS[m](draft), {}) for m in names}}
     kinds = args.kinds.split(",")
     ids, mask = batch(tok, mixed_prompts(2, kinds))  # warm-up: first passes pay for kernel generation
     model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=pad)
@@ -128,7 +143,7 @@ def _write(args, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"batch_sizes-{Path(args.model).name}-{args.dtype}" + (f"-{args.tag}" if args.tag else "")
     meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "tag": args.tag,
-            "kinds": args.kinds,
+            "kinds": args.kinds, "draft": args.draft, "draft_dtype": args.draft_dtype if args.draft else None,
             "threads": torch.get_num_threads()}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / f"{stem}.md").write_text(_table(rows) + "\n")
