@@ -124,18 +124,16 @@ class SpecCache(Cache):
                 raise NotImplementedError(
                     f"specdec.SpecCache: layers of type {kind!r} are not supported"
                 )
-        self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)
         shape = (batch_size, n_kv, max_length, head_dim)
-        layers = [
-            SpecCacheLayer(
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
-                self.lengths,
-            )
-            for _ in range(n_layers)
-        ]
-        super().__init__(layers=layers)
-        self.max_length = max_length
+        self._hold(torch.zeros(batch_size, dtype=torch.int64, device=device),
+                   [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                    for _ in range(n_layers)])
+
+    def _hold(self, lengths: Tensor, layers: list[tuple[Tensor, Tensor]]) -> None:
+        """Takes ``lengths [B]`` and each layer's (keys, values) ``[B, Hkv, max_length, D]``."""
+        self.lengths = lengths
+        super().__init__(layers=[SpecCacheLayer(keys, values, lengths) for keys, values in layers])
+        self.max_length = layers[0][0].shape[2]
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, batch_size: int, max_length: int) -> SpecCache:
@@ -170,17 +168,28 @@ class SpecCache(Cache):
 
     def copy_row(self, src: SpecCache, rows: Tensor | None = None) -> None:
         """Makes ``rows`` (default: every row) copies of ``src``'s one row (its entries and
-        length): a prompt prefix those rows share, computed once. Later writes go to each row's
-        own slots."""
-        if src.lengths.shape[0] != 1 or len(src.layers) != len(self.layers) or src.max_length > self.max_length:
-            raise ValueError("SpecCache.copy_row: src must be a one-row cache of the same model, "
-                             f"at most {self.max_length} long")
+        length): a prompt prefix those rows share, computed once. From a ``src`` of as many rows
+        as ``rows``, copies row i into ``rows[i]`` instead (rows prefilled apart, `rows_of`).
+        Later writes go to each row's own slots."""
+        k = src.lengths.shape[0]
+        wanted = self.lengths.shape[0] if rows is None else rows.numel()
+        if k not in (1, wanted) or len(src.layers) != len(self.layers) or src.max_length > self.max_length:
+            raise ValueError("SpecCache.copy_row: src must be a cache of the same model with one row or "
+                             f"one per row copied into, at most {self.max_length} long")
         rows = slice(None) if rows is None else rows
         n = src.max_length
         for layer, one in zip(self.layers, src.layers):
             layer.keys[rows, :, :n] = one.keys
             layer.values[rows, :, :n] = one.values
         self.lengths[rows] = src.lengths
+
+    def rows_of(self, rows: Tensor, max_length: int) -> SpecCache:
+        """A new cache of ``rows`` (indices) holding their first ``max_length`` entries and
+        their lengths: a pass over some rows only, copied back with `copy_row`."""
+        out = SpecCache.__new__(SpecCache)
+        out._hold(self.lengths[rows], [(layer.keys[rows, :, :max_length], layer.values[rows, :, :max_length])
+                                       for layer in self.layers])
+        return out
 
     def keep_rows(self, rows: Tensor) -> None:
         """The batch keeps only ``rows`` (indices into it, in their new order): their entries

@@ -26,15 +26,16 @@ from specdec.decoders.verify import Verifier
 from specdec.ops import TypicalAcceptance
 from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
-from specdec.tree_forward import (node_layout, prefill, prefix_offsets, shared_prefixes, tree_attention_enabled,
-                                  tree_forward)
+from specdec.tree_forward import (PASS_TOKENS, length_groups, node_layout, prefill, prefix_offsets, shared_prefixes,
+                                  tree_attention_enabled, tree_forward)
 
 __all__ = ["Context", "GenerateOutput", "GenerateStats", "Method", "Proposal", "Proposer",
            "StepResult", "generate", "left_align"]
 
 # A shared prompt prefix gets a pass of its own: worth it when it spares the batch more than this
-# many tokens of prefill (a short pass costs about what prefilling a few dozen tokens does here).
-SHARE_MIN_SAVED = 64
+# many tokens of prefill (what one more pass costs; rows of very different prompt lengths are
+# prefilled apart by the same rule).
+SHARE_MIN_SAVED = PASS_TOKENS
 
 
 def left_align(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -162,7 +163,8 @@ def generate(
         streamer.put(input_ids.cpu())
 
     max_length = S + max_new_tokens + 1 + (method.max_pass_tokens if method is not None else 1)
-    # The prompts' rest after shared prefixes runs as one [B, rest] pass after each row's prefix.
+    # The prompts' rest after shared prefixes runs after each row's prefix, in passes over rows
+    # of similar lengths (`length_groups`).
     offsets = prefix_offsets(ctx.shared_prefixes, B, device)
     rest = int((prompt_len - offsets).max())
     max_length = max(max_length, int(offsets.max()) + rest)
@@ -170,15 +172,19 @@ def generate(
     hidden_wanted = method is not None and method.needs_hidden_states
     with torch.inference_mode(), tree_attention_enabled(*models):
         cache = SpecCache.for_model(model, batch_size=B, max_length=max_length)
-        out = prefill(model, cache, prompt, prompt_len, return_hidden=hidden_wanted, shared=ctx.shared_prefixes)
+        out = prefill(model, cache, prompt, prompt_len, return_hidden=hidden_wanted, shared=ctx.shared_prefixes,
+                      pass_tokens=PASS_TOKENS)
         logits, hidden = out if hidden_wanted else (out, None)
         first = verifier.choose(logits, prompt_len)
         stats.prefill_time_s = time.perf_counter() - start
         if B > 1 and device.type == "cpu" and not pass_costs:
-            # A batch's first point of the cost curve: the prompt's pass (B x S tokens), so the
-            # first steps are not sized as if every pass cost the same. Shared prefixes ran
-            # apart: the batched pass was the rest (its time an upper bound, theirs included).
-            ctx.costs.observe_target(rest, stats.prefill_time_s * 1e3)
+            # A batch's first point of the cost curve: the prompt's passes, as one pass over the
+            # tokens they computed (their time an upper bound: shared prefixes' passes and each
+            # pass's own cost included), so the first steps are not sized as if every pass cost
+            # the same.
+            rests = prompt_len - offsets
+            computed = sum(len(g) * int(rests[g].max()) for g in length_groups(rests, PASS_TOKENS))
+            ctx.costs.observe_target(max(1, round(computed / B)), stats.prefill_time_s * 1e3)
         stats.target_forwards += 1
         generated = torch.zeros(B, dtype=torch.long, device=device)
         _emit(ctx, first[:, None], torch.ones_like(generated), generated, max_new_tokens, eos, streamer)

@@ -18,7 +18,7 @@ from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.decoders.verify import draw
 from specdec.random_streams import DRAFT, TOKEN
 from specdec.sampling import Sampling
-from specdec.tree_forward import SharedPrefix, prefill, tree_forward
+from specdec.tree_forward import PASS_TOKENS, SharedPrefix, prefill, tree_forward
 
 
 @dataclass
@@ -205,7 +205,7 @@ class _DraftProposer:
                                   d.head_tokens or target_vocab) for d in drafts)
         self.proposable = min(self.proposable, target_vocab)
         for model, cache, head in self.drafts:
-            prefill(model, cache, prompt, prompt_len, head, shared=shared)
+            prefill(model, cache, prompt, prompt_len, head, shared=shared, pass_tokens=PASS_TOKENS)
 
     @property
     def cache(self) -> SpecCache:
