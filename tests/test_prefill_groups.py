@@ -99,3 +99,15 @@ def test_generate_prefills_short_prompts_apart_from_long_ones(name):
     for b, p in enumerate(prompts):
         want = hf_greedy(target, p, 12)
         assert out.sequences[b, ids.shape[1]:ids.shape[1] + len(want)].tolist() == want
+
+
+def test_the_prompts_passes_are_priced_by_the_tokens_they_computed():
+    from test_prefix_sharing import CostsAtStart
+
+    target = tiny_lm("llama")
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 96, (n,), generator=gen).tolist() for n in (150, 4, 140, 6)]
+    ids, mask = left_padded(prompts)
+    method = CostsAtStart()
+    specdec.generate(target, ids, max_new_tokens=2, method=method, attention_mask=mask, pad_token_id=2)
+    assert list(method.costs_at_start) == [2 * 150 + 2 * 6]  # not 4 x 150: the short rows ran apart
