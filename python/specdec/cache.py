@@ -14,7 +14,8 @@ written at ``lengths[b] .. lengths[b] + T - 1`` (rows may have different lengths
   chain whose first n tokens were accepted);
 - :meth:`SpecCache.rollback` sets ``lengths`` back (no copy);
 - :meth:`SpecCache.copy_row` fills rows from a one-row cache (a prompt prefix the rows share,
-  computed once: :func:`specdec.tree_forward.prefill` with ``shared``);
+  computed once: :func:`specdec.tree_forward.prefill` with ``shared``), or from a cache of some
+  rows taken with :meth:`SpecCache.rows_of` (prompts of similar lengths prefilled apart);
 - :meth:`SpecCache.keep_rows` drops rows (those that finished; the others' entries are copied
   into buffers of that many rows).
 
