@@ -24,10 +24,9 @@ from pathlib import Path
 
 import specdec
 import torch
-from prepared import DTYPES, prepared_model
-from specdec import models
+from prepared import DTYPES
 from specdec.bench import EDITING_PROMPTS, GENERATION_PROMPTS
-from specdec.cli import _encode, pad_token_id
+from specdec.cli import _encode, load_models, pad_token_id
 
 CHAT_PROMPTS = ["What is the difference between a list and a tuple in Python?",
                 "Name three sorting algorithms and when to use each."]
@@ -82,11 +81,8 @@ def main() -> None:
     names = [m for m in args.methods.split(",") if m]
     if "draft" in names and not args.draft:
         raise SystemExit("batch_sizes.py: the draft method needs --draft MODEL")
-    model, tok = prepared_model(args)
-    draft = None
-    if args.draft:
-        draft = models.load(args.draft, dtype=DTYPES[args.draft_dtype])[0]
-        specdec.accelerate_verification(draft, specdec.VerificationConfig.for_draft())
+    args.no_accelerate = False
+    model, tok, draft = load_models(args)  # both prepared, the draft for drafting (as the CLI does)
     pad = pad_token_id(tok)
     # One-token decoding with stopped rows kept in every pass (drop_finished=False): what
     # dropping them buys.

@@ -1,8 +1,6 @@
 """Prompts of very different lengths are prefilled in groups of similar lengths (a short prompt
 is not padded to the longest): the same cache entries and logits as one pass, fewer tokens."""
 
-import itertools
-
 import pytest
 import torch
 from test_decoders import METHODS, hf_greedy, left_padded

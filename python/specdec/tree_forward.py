@@ -38,7 +38,8 @@ from specdec import ops
 from specdec.cache import SpecCache
 
 __all__ = ["ATTN_IMPLEMENTATION", "PASS_TOKENS", "SharedPrefix", "enable_tree_attention", "length_groups",
-           "node_layout", "prefill", "prefix_offsets", "shared_prefixes", "tree_attention_enabled", "tree_forward"]
+           "node_layout", "prefill", "prefill_tokens", "prefix_offsets", "shared_prefixes",
+           "tree_attention_enabled", "tree_forward"]
 
 ATTN_IMPLEMENTATION = "specdec_tree"
 
@@ -432,6 +433,18 @@ def length_groups(lengths: Tensor, pass_tokens: int) -> list[Tensor]:
         groups.append(order[start[j]:j])
         j = start[j]
     return groups[::-1]
+
+
+def prefill_tokens(lengths: Tensor, pass_tokens: int) -> int:
+    """Prompt tokens the passes of :func:`prefill` compute for prompts of ``lengths`` (after any
+    shared prefix), padding included: each `length_groups` group padded to its longest.
+
+    Example:
+        >>> prefill_tokens(torch.tensor([40, 300, 35, 38]), pass_tokens=64)   # 300 + 3 x 40
+        420
+    """
+    lengths = lengths.cpu()
+    return sum(len(g) * int(lengths[g].max()) for g in length_groups(lengths, pass_tokens))
 
 
 @dataclass(frozen=True)

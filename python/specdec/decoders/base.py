@@ -26,7 +26,7 @@ from specdec.decoders.verify import Verifier
 from specdec.ops import TypicalAcceptance
 from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
-from specdec.tree_forward import (PASS_TOKENS, length_groups, node_layout, prefill, prefix_offsets, shared_prefixes,
+from specdec.tree_forward import (PASS_TOKENS, node_layout, prefill, prefill_tokens, prefix_offsets, shared_prefixes,
                                   tree_attention_enabled, tree_forward)
 
 __all__ = ["Context", "GenerateOutput", "GenerateStats", "Method", "Proposal", "Proposer",
@@ -182,8 +182,7 @@ def generate(
             # tokens they computed (their time an upper bound: shared prefixes' passes and each
             # pass's own cost included), so the first steps are not sized as if every pass cost
             # the same.
-            rests = prompt_len - offsets
-            computed = sum(len(g) * int(rests[g].max()) for g in length_groups(rests, PASS_TOKENS))
+            computed = prefill_tokens(prompt_len - offsets, PASS_TOKENS)
             ctx.costs.observe_target(max(1, round(computed / B)), stats.prefill_time_s * 1e3)
         stats.target_forwards += 1
         generated = torch.zeros(B, dtype=torch.long, device=device)
