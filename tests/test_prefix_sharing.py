@@ -8,8 +8,7 @@ from tiny_models import perturbed, tiny_lm
 
 import specdec
 from specdec.cache import SpecCache
-from specdec.decoders.base import SHARE_MIN_SAVED
-from specdec.tree_forward import SharedPrefix, enable_tree_attention, prefill, shared_prefixes
+from specdec.tree_forward import PASS_TOKENS, SharedPrefix, enable_tree_attention, prefill, shared_prefixes
 
 SYSTEM = [0, *range(20, 60)]  # 41 tokens every row starts with
 QUESTIONS = [[5, 17, 33, 5, 17], [40], [9, 9, 9, 61, 70, 71, 72, 9], [3, 4]]
@@ -110,7 +109,7 @@ def test_prefix_is_shared_only_when_it_spares_enough_prefill():
     target = tiny_lm("llama")
     short = [[0, 20, 21, 22] + q for q in QUESTIONS]  # 3 rows x 4 tokens spared: not worth a pass
     ids, mask = left_padded(short)
-    assert 3 * 4 < SHARE_MIN_SAVED
+    assert 3 * 4 < PASS_TOKENS
     out = specdec.generate(target, ids, max_new_tokens=4, attention_mask=mask, pad_token_id=2)
     assert out.stats.shared_prefixes == ()
     one = specdec.generate(target, torch.tensor([SYSTEM + [5]]), max_new_tokens=4)

@@ -32,11 +32,6 @@ from specdec.tree_forward import (PASS_TOKENS, node_layout, prefill, prefill_tok
 __all__ = ["Context", "GenerateOutput", "GenerateStats", "Method", "Proposal", "Proposer",
            "StepResult", "generate", "left_align"]
 
-# A shared prompt prefix gets a pass of its own: worth it when it spares the batch more than this
-# many tokens of prefill (what one more pass costs; rows of very different prompt lengths are
-# prefilled apart by the same rule).
-SHARE_MIN_SAVED = PASS_TOKENS
-
 
 def left_align(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """Each row's prompt tokens moved to the front (any padding side), and the prompt lengths.
@@ -101,7 +96,7 @@ def generate(
         share_prefix: batches only: leading prompt tokens that several rows have in common (a
             system prompt, few-shot examples; any groups of rows, `shared_prefixes`) are
             computed once by the target and by each draft model and copied into their rows, for
-            each group that spares more than ``SHARE_MIN_SAVED`` (64) tokens of prefill ((rows -
+            each group that spares more than ``PASS_TOKENS`` (64) tokens of prefill ((rows -
             1) x the common length); ``stats.shared_prefixes`` lists them. False: every row
             computes its whole prompt.
         drop_finished: batches only: a row that has stopped (EOS, ``max_new_tokens``) leaves the
@@ -155,7 +150,7 @@ def generate(
         sampling=sampling,
         streams=streams,
         costs=CostModel(dict(pass_costs or {}), rows=B),
-        shared_prefixes=shared_prefixes(prompt, prompt_len, SHARE_MIN_SAVED) if share_prefix and B > 1 else (),
+        shared_prefixes=shared_prefixes(prompt, prompt_len, PASS_TOKENS) if share_prefix and B > 1 else (),
     )
     ctx.tokens[:, :S] = prompt
     stats = GenerateStats(shared_prefixes=ctx.shared_prefixes)
