@@ -7,8 +7,11 @@ passes) and writes it with a JSON record to
 ``bench/results/batch_pass_cost-<model>-<dtype>.{json,md}``.
 
     python bench/batch_pass_cost.py --model qwen2.5-coder-0.5b --rows 1,2,4,8 --ks 1,2,4,8
+    python bench/batch_pass_cost.py --model qwen2.5-7b --random-weights --device cuda --dtype bfloat16
 
-Run it on a quiet machine: the numbers are wall-clock medians.
+``--random-weights`` builds the model from ``bench/configs/<model>.json`` (an architecture, no
+weights: the cost does not depend on them) for machines without the model files. Run it on a
+quiet machine: the numbers are wall-clock medians.
 """
 
 from __future__ import annotations
@@ -29,18 +32,22 @@ from specdec.tree_forward import prefill, tree_attention_enabled, tree_forward
 def pass_ms(model, rows: int, ks: list[int], prefix_len: int, repeats: int) -> dict[int, float]:
     """ms (median) of a pass over ``rows`` x k chain nodes after ``prefix_len`` committed tokens."""
     gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
+    vocab, device = model.config.vocab_size, model.device
     cache = SpecCache.for_model(model, batch_size=rows, max_length=prefix_len + max(ks))
-    prefill(model, cache, torch.randint(vocab, (rows, prefix_len), generator=gen), torch.full((rows,), prefix_len))
+    prefill(model, cache, torch.randint(vocab, (rows, prefix_len), generator=gen).to(device),
+            torch.full((rows,), prefix_len, device=device))
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     out = {}
     for k in ks:
-        tokens = torch.randint(vocab, (rows, k), generator=gen)
-        parents = torch.arange(-1, k - 1).expand(rows, k)
+        tokens = torch.randint(vocab, (rows, k), generator=gen).to(device)
+        parents = torch.arange(-1, k - 1, device=device).expand(rows, k)
         tree_forward(model, cache, tokens, parents)  # unmeasured: lazily initialised paths
         times = []
         for _ in range(repeats):
+            sync()
             start = time.perf_counter()
             tree_forward(model, cache, tokens, parents)  # writes after the prefix, commits nothing
+            sync()
             times.append((time.perf_counter() - start) * 1e3)
         out[k] = statistics.median(times)
     return out
@@ -55,6 +62,9 @@ def main() -> None:
     parser.add_argument("--prefix-len", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="build --model from bench/configs/<model>.json (or a config.json path) with random weights")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     model, _ = prepared_model(args)
@@ -62,8 +72,10 @@ def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
     with tree_attention_enabled(model):
         ms = {b: pass_ms(model, b, ks, args.prefix_len, args.repeats) for b in rows}
-    lines = [f"## Verification pass over B rows x k nodes: {args.model}, {args.dtype}, "
-             f"{torch.get_num_threads()} threads", "",
+    where = (torch.cuda.get_device_name(model.device) if model.device.type == "cuda"
+             else f"{torch.get_num_threads()} threads")
+    weights = ", random weights" if args.random_weights else ""
+    lines = [f"## Verification pass over B rows x k nodes: {args.model}{weights}, {args.dtype}, {where}", "",
              f"Prepared model, {args.prefix_len} committed tokens per row, median of {args.repeats} passes (ms); "
              "in brackets the ratio to one row's one-token pass.", "",
              "| rows | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
@@ -72,9 +84,10 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"batch_pass_cost-{Path(args.model).name}-{args.dtype}"
+    stem = f"batch_pass_cost-{Path(args.model).name}-{args.dtype}" + ("-cuda" if model.device.type == "cuda" else "")
     record = {"model": args.model, "dtype": args.dtype, "prefix_len": args.prefix_len, "repeats": args.repeats,
-              "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "threads": torch.get_num_threads(), "torch": torch.__version__, "device": where,
+              "random_weights": args.random_weights,
               "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "ms": {str(b): {str(k): round(v, 2) for k, v in r.items()} for b, r in ms.items()}}
     (args.out / f"{stem}.json").write_text(json.dumps(record, indent=1))

