@@ -76,7 +76,7 @@ def main() -> None:
              else f"{torch.get_num_threads()} threads")
     weights = ", random weights" if args.random_weights else ""
     lines = [f"## Verification pass over B rows x k nodes: {args.model}{weights}, {args.dtype}, {where}", "",
-             f"Prepared model, {args.prefix_len} committed tokens per row, median of {args.repeats} passes (ms); "
+             f"Prepared model (CPU), {args.prefix_len} committed tokens per row, median of {args.repeats} passes (ms); "
              "in brackets the ratio to one row's one-token pass.", "",
              "| rows | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     one = ms[rows[0]][ks[0]]

@@ -20,12 +20,12 @@ tools/dev_build.sh ON > "$out/build.txt" 2>&1 || { tail -40 "$out/build.txt"; ex
 echo "build: $(( $(date +%s) - start )) s" | tee "$out/summary.txt"
 PYTHONPATH=python "$PYTHON" -c "import specdec, torch; print(specdec.build_info(), torch.__version__, torch.cuda.get_device_name())" \
   | tee -a "$out/summary.txt"
-PYTHONPATH=python timeout 300 "$PYTHON" -m pytest tests -m "not real_model" -q -p no:cacheprovider \
+PYTHONPATH=python timeout 240 "$PYTHON" -m pytest tests -m "not real_model" -q -p no:cacheprovider \
   -k "cuda or not cpu" > "$out/tests.txt" 2>&1
 status=$?
 tail -5 "$out/tests.txt" | tee -a "$out/summary.txt"
 for model in qwen2.5-coder-1.5b qwen2.5-7b; do
-  PYTHONPATH=python timeout 90 "$PYTHON" bench/batch_pass_cost.py --model "$model" --random-weights \
+  PYTHONPATH=python timeout 60 "$PYTHON" bench/batch_pass_cost.py --model "$model" --random-weights \
     --device cuda --dtype bfloat16 --rows 1,4,16,64 --ks 1,4,16,64 --out "$out" >> "$out/summary.txt" 2>&1
 done
 exit $status
