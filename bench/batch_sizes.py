@@ -77,11 +77,11 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="appended to the result files' names")
     parser.add_argument("--kinds", default="generation,editing,chat",
                         help=f"prompt kinds taken in turn, of {sorted(KINDS)}")
+    parser.set_defaults(no_accelerate=False)  # load_models prepares both models unless asked not to
     args = parser.parse_args()
     names = [m for m in args.methods.split(",") if m]
     if "draft" in names and not args.draft:
         raise SystemExit("batch_sizes.py: the draft method needs --draft MODEL")
-    args.no_accelerate = False
     model, tok, draft = load_models(args)  # both prepared, the draft for drafting (as the CLI does)
     pad = pad_token_id(tok)
     # One-token decoding with stopped rows kept in every pass (drop_finished=False): what
