@@ -29,8 +29,11 @@ from specdec.tree_forward import prefill, tree_attention_enabled, tree_forward
 
 
 @torch.inference_mode()
-def pass_ms(model, rows: int, ks: list[int], prefix_len: int, repeats: int) -> dict[int, float]:
-    """ms (median) of a pass over ``rows`` x k chain nodes after ``prefix_len`` committed tokens."""
+def pass_ms(model, rows: int, ks: list[int], prefix_len: int, repeats: int,
+            long_rows: int | None = None) -> dict[int, float]:
+    """ms (median) of a pass over ``rows`` x k chain nodes after ``prefix_len`` committed tokens;
+    with ``long_rows``, a packed pass where only that many rows have k nodes, the others their
+    root alone (`tree_forward`'s ``widths``)."""
     gen = torch.Generator().manual_seed(0)
     vocab, device = model.config.vocab_size, model.device
     cache = SpecCache.for_model(model, batch_size=rows, max_length=prefix_len + max(ks))
@@ -41,12 +44,16 @@ def pass_ms(model, rows: int, ks: list[int], prefix_len: int, repeats: int) -> d
     for k in ks:
         tokens = torch.randint(vocab, (rows, k), generator=gen).to(device)
         parents = torch.arange(-1, k - 1, device=device).expand(rows, k)
-        tree_forward(model, cache, tokens, parents)  # unmeasured: lazily initialised paths
+        widths = None
+        if long_rows is not None:
+            widths = torch.ones(rows, dtype=torch.long, device=device)
+            widths[:long_rows] = k
+        tree_forward(model, cache, tokens, parents, widths=widths)  # unmeasured: lazily initialised paths
         times = []
         for _ in range(repeats):
             sync()
             start = time.perf_counter()
-            tree_forward(model, cache, tokens, parents)  # writes after the prefix, commits nothing
+            tree_forward(model, cache, tokens, parents, widths=widths)  # writes after the prefix, commits nothing
             sync()
             times.append((time.perf_counter() - start) * 1e3)
         out[k] = statistics.median(times)
@@ -65,17 +72,20 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--random-weights", action="store_true",
                         help="build --model from bench/configs/<model>.json (or a config.json path) with random weights")
+    parser.add_argument("--long-rows", type=int, default=None,
+                        help="packed passes where only this many rows have k nodes, the others one")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     model, _ = prepared_model(args)
     rows = [int(b) for b in args.rows.split(",")]
     ks = [int(k) for k in args.ks.split(",")]
     with tree_attention_enabled(model):
-        ms = {b: pass_ms(model, b, ks, args.prefix_len, args.repeats) for b in rows}
+        ms = {b: pass_ms(model, b, ks, args.prefix_len, args.repeats, args.long_rows) for b in rows}
     where = (torch.cuda.get_device_name(model.device) if model.device.type == "cuda"
              else f"{torch.get_num_threads()} threads")
     weights = ", random weights" if args.random_weights else ""
-    lines = [f"## Verification pass over B rows x k nodes: {args.model}{weights}, {args.dtype}, {where}", "",
+    shape = "B rows x k nodes" if args.long_rows is None else f"B rows, {args.long_rows} of k nodes and the rest of one, packed"
+    lines = [f"## Verification pass over {shape}: {args.model}{weights}, {args.dtype}, {where}", "",
              f"Prepared model (CPU), {args.prefix_len} committed tokens per row, median of {args.repeats} passes (ms); "
              "in brackets the ratio to one row's one-token pass.", "",
              "| rows | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
@@ -84,10 +94,11 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"batch_pass_cost-{Path(args.model).name}-{args.dtype}" + ("-cuda" if model.device.type == "cuda" else "")
+    stem = (f"batch_pass_cost-{Path(args.model).name}-{args.dtype}" + ("-cuda" if model.device.type == "cuda" else "")
+            + ("" if args.long_rows is None else f"-packed{args.long_rows}"))
     record = {"model": args.model, "dtype": args.dtype, "prefix_len": args.prefix_len, "repeats": args.repeats,
               "threads": torch.get_num_threads(), "torch": torch.__version__, "device": where,
-              "random_weights": args.random_weights,
+              "random_weights": args.random_weights, "long_rows": args.long_rows,
               "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "ms": {str(b): {str(k): round(v, 2) for k, v in r.items()} for b, r in ms.items()}}
     (args.out / f"{stem}.json").write_text(json.dumps(record, indent=1))

@@ -12,6 +12,13 @@ batch. Writes ``bench/results/batch_sizes-<model>-<dtype>[-<tag>].{json,md,png}`
     python bench/batch_sizes.py --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
         --methods prompt_lookup,draft --sizes 1,2,4,8   # DraftModel: the draft in bf16, head 65536
 
+With ``--queue N``: a queue of N such prompts served B rows at a time, for each B of
+``--sizes``: HF ``generate`` over consecutive batches of B (static batching: a batch ends with
+its last row), ours with ``max_batch_size=B`` (continuous batching: a waiting prompt takes the
+place of a row as soon as it stops).
+
+    python bench/batch_sizes.py --model qwen2.5-coder-0.5b --queue 24 --sizes 4,8 --tag queue24
+
 Run it on an idle machine: the numbers are wall-clock, ratios from one run.
 """
 
@@ -77,6 +84,8 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="appended to the result files' names")
     parser.add_argument("--kinds", default="generation,editing,chat",
                         help=f"prompt kinds taken in turn, of {sorted(KINDS)}")
+    parser.add_argument("--queue", type=int, default=None,
+                        help="a queue of this many prompts served --sizes rows at a time")
     parser.set_defaults(no_accelerate=False)  # load_models prepares both models unless asked not to
     args = parser.parse_args()
     names = [m for m in args.methods.split(",") if m]
@@ -86,7 +95,8 @@ def main() -> None:
     pad = pad_token_id(tok)
     # One-token decoding with stopped rows kept in every pass (drop_finished=False): what
     # dropping them buys.
-    methods = {"specdec_one_token": (lambda: None, {}), "specdec_one_token_kept": (lambda: None, KEPT),
+    kept = {} if args.queue else {"specdec_one_token_kept": (lambda: None, KEPT)}  # rows must leave a queue
+    methods = {"specdec_one_token": (lambda: None, {}), **kept,
                **{f"specdec_{m}": (lambda m=m: METHODS[m](draft), {}) for m in names}}
     kinds = args.kinds.split(",")
     ids, mask = batch(tok, mixed_prompts(2, kinds))  # warm-up: first passes pay for kernel generation
@@ -95,20 +105,23 @@ def main() -> None:
         specdec.generate(model, ids, attention_mask=mask, max_new_tokens=4, method=make(), pad_token_id=pad, **kw)
     rows = []
     for B in [int(b) for b in args.sizes.split(",")]:
-        ids, mask = batch(tok, mixed_prompts(B, kinds))
-        S, N = ids.shape[1], args.new_tokens
-        start = time.perf_counter()
-        with torch.inference_mode():
-            hf = model.generate(ids, attention_mask=mask, max_new_tokens=N, do_sample=False, pad_token_id=pad,
-                                temperature=None, top_k=None, top_p=None)
-        secs = time.perf_counter() - start
-        hf_new = int((hf[:, S:] != pad).sum())
+        prompts = mixed_prompts(args.queue or B, kinds)
+        ids, mask = batch(tok, prompts)
+        N, secs, hf_new = args.new_tokens, 0.0, 0
+        for first in range(0, len(prompts), B):  # a queue: HF's static batches, one after the other
+            hf_ids, hf_mask = batch(tok, prompts[first: first + B])
+            start = time.perf_counter()
+            with torch.inference_mode():
+                hf = model.generate(hf_ids, attention_mask=hf_mask, max_new_tokens=N, do_sample=False,
+                                    pad_token_id=pad, temperature=None, top_k=None, top_p=None)
+            secs += time.perf_counter() - start
+            hf_new += int((hf[:, hf_ids.shape[1]:] != pad).sum())
         rows.append({"batch": B, "method": "hf_batched", "tokens": hf_new, "seconds": secs,
                      "tok/s": hf_new / secs, "passes": None, "= one-token": None})
         reference = None
         for name, (make, kw) in methods.items():
             out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=N, method=make(), pad_token_id=pad,
-                                   **kw)
+                                   max_batch_size=B if args.queue else None, **kw)
             st = out.stats
             reference = out.sequences if reference is None else reference
             rows.append({"batch": B, "method": name, "tokens": st.new_tokens, "seconds": st.wall_time_s,
@@ -138,7 +151,7 @@ def _write(args, rows: list[dict]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"batch_sizes-{Path(args.model).name}-{args.dtype}" + (f"-{args.tag}" if args.tag else "")
-    meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "tag": args.tag,
+    meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "tag": args.tag, "queue": args.queue,
             "kinds": args.kinds, "draft": args.draft, "draft_dtype": args.draft_dtype if args.draft else None,
             "threads": torch.get_num_threads()}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -149,7 +162,7 @@ def _write(args, rows: list[dict]) -> None:
         rs = [r for r in rows if r["method"] == method]
         ax.plot([r["batch"] for r in rs], [r["tok/s"] for r in rs], marker="o", label=method)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size (mixed prompts)")
+    ax.set_xlabel(f"rows at once (a queue of {args.queue} mixed prompts)" if args.queue else "batch size (mixed prompts)")
     ax.set_ylabel("tokens per second")
     ax.set_title(f"{args.model} {args.dtype}, {args.new_tokens} new tokens, greedy")
     ax.legend()

@@ -15,10 +15,15 @@ EVERY_METHOD = {**METHODS, "medusa": lambda draft: specdec.Medusa(random_heads(d
 
 
 def pass_rows(model) -> tuple[list[int], object]:
-    """The batch size of every pass of ``model``'s decoder, and the hook to remove."""
+    """The batch size of every pass of ``model``'s decoder (a packed pass's rows counted in its
+    runs), and the hook to remove."""
     rows = []
-    hook = model.get_decoder().register_forward_pre_hook(
-        lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+
+    def count(_, args, kwargs):
+        runs = kwargs.get("specdec_packed")
+        rows.append(sum(n for _, n, _ in runs) if runs else kwargs["input_ids"].shape[0])
+
+    hook = model.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
     return rows, hook
 
 

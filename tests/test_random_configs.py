@@ -73,7 +73,7 @@ def random_method(target: torch.nn.Module, r: random.Random):
 def random_case(case: int, device: str) -> dict:
     """Target, prompts (some with a long shared prefix, a third of the rows 60-220 tokens long:
     prefilled in length groups, most repeating themselves), method, EOS, length and generate's
-    batch options, all drawn from ``case``."""
+    batch options (some a queue served a few rows at a time), all drawn from ``case``."""
     r = random.Random(case)
     target = target_model(r.choice(["llama", "qwen2"]), r.choice(["cyclic", "plain"])).to(device)
     rows = r.choice([1, 1, 2, 3, 5])
@@ -88,6 +88,8 @@ def random_case(case: int, device: str) -> dict:
     max_new = r.randint(1, 40)
     options = dict(pace=r.random() < 0.5, share_prefix=r.random() < 0.7, drop_finished=r.random() < 0.7)
     method = random_method(target, r)
+    if options["drop_finished"] and rows > 1 and r.random() < 0.4:  # a queue, served a few rows at a time
+        options["max_batch_size"] = r.randint(1, rows - 1)
     for m in method.models if method is not None else ():
         m.to(device)
     ids, mask = (t.to(device) for t in left_padded(prompts))
@@ -105,11 +107,12 @@ def test_the_cases_draw_every_method_and_option():
         method, kw = c["method"], c["kw"]
         seen += [type(method).__name__ + (f"-{method.mix}" if isinstance(method, specdec.Ensemble) else ""),
                  f"rows={len(c['prompts'])}", f"eos={kw['eos_token_id'] is not None}",
-                 *(f"{k}={kw[k]}" for k in ("pace", "share_prefix", "drop_finished"))]
+                 *(f"{k}={kw[k]}" for k in ("pace", "share_prefix", "drop_finished")),
+                 f"queue={'max_batch_size' in kw}"]
         seen += [f"tree={method.tree > 1}", f"lookup={bool(method.lookup)}"] if isinstance(method, specdec.DraftModel) else []
     counts = {name: seen.count(name) for name in set(seen)}
     for name in ["DraftModel", "PromptLookup", "Lookahead", "Medusa", "Ensemble-union", "Ensemble-average",
-                 "NoneType", "rows=1", "rows=5", "eos=True", "eos=False", "tree=True", "lookup=True",
+                 "NoneType", "rows=1", "rows=5", "eos=True", "eos=False", "tree=True", "lookup=True", "queue=True",
                  *(f"{k}={v}" for k in ("pace", "share_prefix", "drop_finished") for v in (True, False))]:
         assert counts.get(name, 0) >= 10, (name, counts)
 

@@ -156,3 +156,20 @@ def test_bf16_exactness_holds_with_a_shared_prefix_and_rows_leaving(family):
     for name, method in decoders(target, torch.bfloat16).items():
         out = specdec.generate(target, ids, method=method, **kw)
         assert torch.equal(out.sequences, want.sequences), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_packed_pass_gives_its_nodes_the_rectangular_pass_bits(family, dtype):
+    """Rows of a batch computing only their first nodes (the verify loop's passes on CPU, the
+    linear layers over the packed tokens) get the same bits as in the rectangular pass, which
+    the tests above tie to one-token passes."""
+    from test_tree_forward import packed_and_rectangular
+
+    model = tiny(family, dtype)
+    widths = torch.tensor([5, 1, 3])
+    with tree_attention_enabled(model):
+        (rect, _), (packed, _) = packed_and_rectangular(model, "cpu", widths, torch.Generator().manual_seed(2))
+    computed = torch.arange(7) < widths[:, None]
+    assert torch.equal(packed[computed], rect[computed])
+

@@ -106,6 +106,67 @@ def test_keep_selects_the_logits_of_some_nodes(device):
     torch.testing.assert_close(some, full[:, keep], atol=1e-5, rtol=0)
 
 
+def packed_and_rectangular(model, device, widths, gen, hidden=False):
+    """A pass over 3 rows of random trees, rectangular and packed (``widths``), each on its own
+    cache after the same ragged prompts; returns both outputs and both caches."""
+    T, vocab = 7, model.config.vocab_size
+    lens = torch.tensor([9, 4, 12], device=device)
+    prompts = torch.randint(0, vocab, (3, 12), generator=gen).to(device)
+    tree = torch.randint(0, vocab, (3, T), generator=gen).to(device)
+    parents = random_tree(3, T, gen).to(device)
+    runs = []
+    for w in (None, widths):
+        cache = SpecCache.for_model(model, 3, 32)
+        with torch.no_grad():
+            prefill(model, cache, prompts, lens)
+        for layer in cache.layers:  # slots after the prompts that the pass does not write keep this
+            for b, n in enumerate(lens.tolist()):
+                layer.keys[b, :, n:] = 7.0
+        with torch.no_grad():
+            out = tree_forward(model, cache, tree, parents, widths=w, return_hidden=hidden)
+        runs.append((out, cache))
+    return runs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_packed_pass_computes_each_rows_first_nodes_as_the_rectangular_pass(device, name):
+    _, model = build(name, device)
+    gen = torch.Generator().manual_seed(11)
+    widths = torch.tensor([7, 1, 4], device=device)
+    ((logits, hidden), rect_cache), ((packed, packed_hidden), cache) = packed_and_rectangular(
+        model, device, widths, gen, hidden=True)
+    computed = torch.arange(7, device=device) < widths[:, None]
+    torch.testing.assert_close(packed[computed], logits[computed], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed_hidden[computed], hidden[computed], atol=1e-5, rtol=0)
+    assert not packed[~computed].any() and not packed_hidden[~computed].any()
+    # Each computed node's key at its row's slot; the skipped nodes' slots untouched.
+    for layer, rect in zip(cache.layers, rect_cache.layers):
+        for b, n in enumerate(widths.tolist()):
+            at = int(cache.lengths[b])
+            torch.testing.assert_close(layer.keys[b, :, at: at + n], rect.keys[b, :, at: at + n], atol=1e-5, rtol=0)
+            assert (layer.keys[b, :, at + n: at + 7] == 7.0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_pass_errors(device):
+    _, model = build("llama", device)
+    cache = SpecCache(model.config, 2, 16, device=device)
+    tokens = torch.tensor([[1, 2], [3, 4]], device=device)
+    parents = torch.tensor([[-1, 0], [-1, 0]], device=device)
+    with pytest.raises(ValueError, match="widths need parents"):
+        tree_forward(model, cache, tokens, widths=torch.tensor([2, 1], device=device))
+    with pytest.raises(ValueError, match=r"widths must be within 1..2"):
+        tree_forward(model, cache, tokens, parents, widths=torch.tensor([0, 2], device=device))
+    with pytest.raises(ValueError, match=r"widths must be within 1..2"):
+        tree_forward(model, cache, tokens, parents, widths=torch.tensor([3, 2], device=device))
+    with pytest.raises(ValueError, match=r"widths must be \[2\]"):
+        tree_forward(model, cache, tokens, parents, widths=torch.tensor([2], device=device))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        tree_forward(model, cache, tokens, parents, keep=torch.tensor([1], device=device),
+                     widths=torch.tensor([2, 1], device=device))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors(device):
     plain, model = build("llama", device)

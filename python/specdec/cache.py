@@ -17,13 +17,17 @@ written at ``lengths[b] .. lengths[b] + T - 1`` (rows may have different lengths
   computed once: :func:`specdec.tree_forward.prefill` with ``shared``), or from a cache of some
   rows taken with :meth:`SpecCache.rows_of` (prompts of similar lengths prefilled apart);
 - :meth:`SpecCache.keep_rows` drops rows (those that finished; the others' entries are copied
-  into buffers of that many rows).
+  into buffers of that many rows), :meth:`SpecCache.join` appends rows (requests that take
+  their places).
 
 Nothing is reallocated per step (only when rows leave), and no method synchronises with the
 device.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -48,6 +52,9 @@ class SpecCacheLayer(CacheLayerMixin):
         self.device = keys.device
         self.max_length = keys.shape[2]
         self.is_initialized = True
+        # (rows [N], nodes [N]) during a packed pass (`SpecCache.packed`): the N tokens of a
+        # pass come as one sequence, token n being node nodes[n] of row rows[n].
+        self.packing: tuple[Tensor, Tensor] | None = None
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         """Nothing to do: the tensors are allocated up front."""
@@ -62,6 +69,12 @@ class SpecCacheLayer(CacheLayerMixin):
         room on CPU).
         """
         B, _, T, _ = key_states.shape
+        if self.packing is not None:  # one sequence [1, Hkv, N, D]: token n at its row's node slot
+            rows, nodes = self.packing
+            pos = (self.lengths[rows] + nodes).clamp_max(self.max_length - 1)
+            self.keys[rows, :, pos] = key_states[0].transpose(0, 1).to(self.keys.dtype)
+            self.values[rows, :, pos] = value_states[0].transpose(0, 1).to(self.values.dtype)
+            return self.keys, self.values
         rows = torch.arange(B, device=self.device)[:, None]
         pos = (self.lengths[:, None] + torch.arange(T, device=self.device)).clamp_max(
             self.max_length - 1
@@ -192,12 +205,41 @@ class SpecCache(Cache):
                                        for layer in self.layers])
         return out
 
+    @contextlib.contextmanager
+    def packed(self, rows: Tensor, nodes: Tensor) -> Iterator[None]:
+        """Inside the block the model's passes are packed: their N tokens come as one sequence,
+        token n being node ``nodes[n]`` of row ``rows[n]``, written at slot
+        ``lengths[rows[n]] + nodes[n]`` (where the rectangular pass would write it)."""
+        for layer in self.layers:
+            layer.packing = (rows, nodes)
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer.packing = None
+
     def keep_rows(self, rows: Tensor) -> None:
         """The batch keeps only ``rows`` (indices into it, in their new order): their entries
         are copied into buffers of that many rows (rows that have finished stop costing)."""
         self.lengths = self.lengths[rows]
         for layer in self.layers:
             layer.keys, layer.values, layer.lengths = layer.keys[rows], layer.values[rows], self.lengths
+
+    def join(self, other: SpecCache) -> None:
+        """Appends ``other``'s rows (a cache of the same model: rows that join the batch) after
+        this cache's; both are copied into buffers of that many rows, as long as the longer."""
+        if len(other.layers) != len(self.layers):
+            raise ValueError("SpecCache.join: other must be a cache of the same model")
+        n = max(self.max_length, other.max_length)
+
+        def cat(a: Tensor, b: Tensor) -> Tensor:
+            out = a.new_zeros(a.shape[0] + b.shape[0], *a.shape[1:2], n, *a.shape[3:])
+            out[: a.shape[0], :, : a.shape[2]] = a
+            out[a.shape[0]:, :, : b.shape[2]] = b
+            return out
+
+        self._hold(torch.cat([self.lengths, other.lengths]),
+                   [(cat(a.keys, b.keys), cat(a.values, b.values)) for a, b in zip(self.layers, other.layers)])
 
     def advance(self, counts: Tensor) -> None:
         """Keeps the first ``counts[b]`` entries written after ``lengths[b]``, where they are."""

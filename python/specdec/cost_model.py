@@ -7,6 +7,7 @@ the measured pass costs and on the recent acceptance, not on a constant.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 # Adaptive choices try what they currently rule out every this many steps, so that the estimates
@@ -55,7 +56,10 @@ class CostModel:
     ``rows``: the batch size. ``target(k)`` prices a pass of k nodes per row, that is of
     ``rows * k`` tokens: on a CPU a pass costs about what its tokens cost, whatever the rows
     (the linear layers see rows x nodes rows), so a batch of 8 pays for 8 candidates per
-    candidate position and proposes only what pays for that.
+    candidate position and proposes only what pays for that. With ``packed`` passes (the verify
+    loop's on CPU: each row computes only its own nodes) and ``proposing`` rows (`for_rows`:
+    the rows that have candidates this step), the pass is priced as ``rows`` roots plus
+    ``proposing * (k - 1)`` candidates instead.
 
     Measurements are smoothed, a slow one counts as at most ``OUTLIER`` times the estimate, and
     a pass is never priced above a wider one: a shared machine's slow spells do not take a
@@ -76,6 +80,25 @@ class CostModel:
     # Nodes per row that others add to the same pass (an ensemble's other members): a proposer
     # sizing its own nodes pays the pass they make together.
     extra: int = 0
+    packed: bool = False
+    proposing: int | None = None
+
+    def for_rows(self, proposing: int) -> CostModel:
+        """The same costs (measurements shared) pricing steps where only ``proposing`` rows have
+        candidates; the same model unless passes are ``packed``.
+
+        Example:
+            >>> costs = CostModel({8: 70.0, 16: 100.0}, rows=8, packed=True)
+            >>> costs.target(2), costs.for_rows(1).target(2), costs.for_rows(1).target(9)
+            (100.0, 73.75, 100.0)
+        """
+        return dataclasses.replace(self, proposing=proposing) if self.packed else self
+
+    def tokens(self, k: int) -> int:
+        """Tokens of a pass of k nodes per row (``extra`` more), as priced."""
+        if self.packed and self.proposing is not None:
+            return self.rows + (k + self.extra - 1) * self.proposing
+        return (k + self.extra) * self.rows
 
     def observe_target(self, k: int, ms: float) -> None:
         """A pass of k nodes per row took ``ms``. The first measurement of a width is taken as
@@ -90,7 +113,10 @@ class CostModel:
             >>> costs.observe_target(4, 125.0); costs.target(4)   # priced no higher than 8 tokens
             74.0
         """
-        n = k * self.rows
+        self.observe_tokens(k * self.rows, ms)
+
+    def observe_tokens(self, n: int, ms: float) -> None:
+        """A pass over n tokens in all (rows and nodes: a packed pass) took ``ms``."""
         self.target_ms[n] = self._smoothed(self.target_ms.get(n), ms)
 
     def observe_draft(self, ms_per_token: float) -> None:
@@ -102,7 +128,7 @@ class CostModel:
         return (1 - self.smoothing) * old + self.smoothing * min(ms, OUTLIER * old)
 
     def target(self, k: int) -> float:
-        """Cost of a target pass of k nodes per row (``rows * (k + extra)`` tokens): piecewise-linear in
+        """Cost of a target pass of k nodes per row (`tokens`): piecewise-linear in
         the known points; above them along the trend from a pass at most half as wide as the
         widest to the widest (never falling; flat with one known point), since on a CPU wider
         passes keep costing more and a flat price made nodes added to a long copy look free;
@@ -112,7 +138,7 @@ class CostModel:
         first measured."""
         if not self.target_ms:
             return 1.0
-        k = (k + self.extra) * self.rows
+        k = self.tokens(k)
         ks = sorted(self.target_ms)
         ms, low = {}, float("inf")
         for i in reversed(ks):  # a pass over more tokens never costs less

@@ -80,6 +80,12 @@ class NGramPool:
         """The batch keeps only ``rows`` (indices into it, in their new order)."""
         self.head, self.entries, self.cursor = self.head[rows], self.entries[rows], self.cursor[rows]
 
+    def join(self, other: NGramPool) -> None:
+        """Appends ``other``'s rows (pools of the same sizes: rows that join the batch)."""
+        self.head = torch.cat([self.head, other.head])
+        self.entries = torch.cat([self.entries, other.entries])
+        self.cursor = torch.cat([self.cursor, other.cursor])
+
     def insert(self, ngrams: Tensor) -> None:
         """Inserts ``ngrams [batch, M, n]`` (any index dtype), row by row in order m = 0..M-1."""
         ops.ngram_pool_insert(self.head, self.entries, self.cursor, ngrams.to(self.head.dtype), self.g)

@@ -51,6 +51,19 @@ class RandomStreams:
         """The batch keeps only ``rows`` (indices into it): each keeps its own numbers."""
         self.row_ids = rows.clone() if self.row_ids is None else self.row_ids[rows]
 
+    def for_rows(self, ids: Tensor) -> RandomStreams:
+        """The same numbers for a batch of the rows ``ids`` (their ids in the whole batch)."""
+        out = RandomStreams(self.seed)
+        out.row_ids = ids.clone()
+        return out
+
+    def join(self, other: RandomStreams) -> None:
+        """Appends ``other``'s rows (`for_rows`: rows that join the batch) after this batch's
+        ``rows`` (the batch keeps its rows' ids, which ``rows`` numbers when none are set)."""
+        if other.seed != self.seed or self.row_ids is None or other.row_ids is None:
+            raise ValueError("RandomStreams.join: both need row ids (for_rows) and the same seed")
+        self.row_ids = torch.cat([self.row_ids, other.row_ids.to(self.row_ids.device)])
+
     @classmethod
     def from_generator(cls, generator: torch.Generator | None) -> RandomStreams:
         """A seed drawn from ``generator`` (the global generator when None): one draw, so the

@@ -56,12 +56,16 @@ def _tree_attention_interface(
     specdec_tree_mask: Tensor | None = None,
     specdec_kv_len: int | None = None,
     specdec_slot_mask: Tensor | None = None,
+    specdec_packed: list[tuple[int, int, int]] | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
     **kwargs,
 ) -> tuple[Tensor, None]:
     """The ``"specdec_tree"`` attention function: query [B, H, T, D], key/value the whole
-    SpecCache buffers [B, Hkv, S, D]; returns [B, T, H, D] as transformers expects."""
+    SpecCache buffers [B, Hkv, S, D]; returns [B, T, H, D] as transformers expects. In a packed
+    pass the query is [1, H, N, D], the first nodes of each row one after the other, and
+    ``specdec_packed`` lists runs ``(first row, rows, width)`` of consecutive rows with as many
+    nodes: each run is one attention call over views of its rows."""
     if specdec_prefix_len is None:
         raise ValueError(
             "specdec: the 'specdec_tree' attention runs only inside specdec.tree_forward "
@@ -78,10 +82,28 @@ def _tree_attention_interface(
         raise NotImplementedError("specdec: tree attention has no dropout (use model.eval())")
     if specdec_kv_len is not None:
         return _causal_attention(query, key, value, specdec_prefix_len, specdec_kv_len, scaling), None
-    if specdec_slot_mask is not None:
-        return _slot_attention(query, key, value, specdec_slot_mask, scaling), None
-    out = ops.tree_attention(query, key, value, specdec_prefix_len, specdec_tree_mask, scaling)
-    return out.transpose(1, 2), None
+    if specdec_packed is None:
+        return _masked_attention(query, key, value, specdec_prefix_len, specdec_tree_mask, specdec_slot_mask,
+                                 scaling), None
+    H, D = query.shape[1], query.shape[3]
+    outs, start = [], 0
+    for first, rows, width in specdec_packed:
+        q = query[0, :, start: start + rows * width].view(H, rows, width, D).transpose(0, 1)
+        r = slice(first, first + rows)
+        tree = None if specdec_tree_mask is None else specdec_tree_mask[r, :width, :width]
+        slots = None if specdec_slot_mask is None else specdec_slot_mask[r, :width]
+        outs.append(_masked_attention(q, key[r], value[r], specdec_prefix_len[r], tree, slots,
+                                      scaling).reshape(rows * width, H, D))
+        start += rows * width
+    return torch.cat(outs)[None], None
+
+
+def _masked_attention(query: Tensor, key: Tensor, value: Tensor, prefix_len: Tensor, tree_mask: Tensor | None,
+                      slot_mask: Tensor | None, scaling: float | None) -> Tensor:
+    """[B, T, H, D]: the queries over each row's prefix and the nodes the mask shows."""
+    if slot_mask is not None:
+        return _slot_attention(query, key, value, slot_mask, scaling)
+    return ops.tree_attention(query, key, value, prefix_len, tree_mask, scaling).transpose(1, 2)
 
 
 def _causal_attention(query: Tensor, key: Tensor, value: Tensor, prefix_len: Tensor, kv_len: int,
@@ -196,6 +218,7 @@ def tree_forward(
     position_ids: Tensor | None = None,
     return_hidden: bool = False,
     pending: int = 0,
+    widths: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Logits of every node of a token tree (or of any attention pattern) per row, in one
     forward pass.
@@ -225,6 +248,13 @@ def tree_forward(
             by level. The T new nodes are then written after them, and ``attention_mask``
             (required, with ``position_ids``) is ``[B, T, pending + T]``: which of the pending
             and new nodes each new node sees.
+        widths: ``[B]``, row b computes only its first ``widths[b]`` nodes (>= 1; with
+            ``parents`` or ``attention_mask``, none of them attending to a later node). The
+            others are skipped: nothing is written to their cache slots, their logits (and
+            hidden states) are zero. The pass is then packed: the linear layers run over the
+            computed nodes only, so a batch whose rows propose different numbers of nodes pays
+            for each row's own rather than for every row at the widest; attention runs per
+            row as in the rectangular pass, so a node's logits do not change. One host read.
 
     Returns:
         ``[B, T, V]`` logits (``[B, K, V]`` with ``keep``): the model's next-token logits after
@@ -281,16 +311,62 @@ def tree_forward(
         mask, position_ids = node_layout(parents, lengths, mask, position_ids)
     inputs = dict(input_ids=tree_tokens, position_ids=position_ids.to(lengths.dtype), use_cache=True,
                   specdec_prefix_len=lengths, specdec_tree_mask=mask, specdec_kv_len=kv_len)
+    index = None
+    if widths is not None:
+        if parents is None and attention_mask is None:
+            raise ValueError("specdec.tree_forward: widths need parents or attention_mask")
+        if keep is not None:
+            raise ValueError("specdec.tree_forward: widths and keep cannot be combined")
+        index, runs = _packing(widths, B, T)
+    if index is not None:
+        inputs.update(input_ids=tree_tokens.flatten()[index][None],
+                      position_ids=inputs["position_ids"].flatten()[index][None], specdec_packed=runs)
     if pending:  # the cache writes after the pending nodes; attention sees the slots the mask says
         # CPU: only the slots in use (a free host read); elsewhere the whole cache, no sync.
         kv_len = longest + span if longest is not None else cache.max_length
         inputs["specdec_slot_mask"] = _slot_mask(lengths, mask, kv_len)
         lengths += pending
         try:
-            return _forward(model, cache, inputs, keep, head, return_hidden)
+            return _packed_forward(model, cache, inputs, index, head, return_hidden, keep, B, T)
         finally:
             lengths -= pending
-    return _forward(model, cache, inputs, keep, head, return_hidden)
+    return _packed_forward(model, cache, inputs, index, head, return_hidden, keep, B, T)
+
+
+def _packing(widths: Tensor, B: int, T: int) -> tuple[Tensor | None, list[tuple[int, int, int]]]:
+    """The flattened [B, T] indices of row b's first ``widths[b]`` nodes, row after row, and the
+    runs ``(first row, rows, width)`` of consecutive rows as wide; None when every row is T wide."""
+    if widths.shape != (B,):
+        raise ValueError(f"specdec.tree_forward: widths must be [{B}], got {tuple(widths.shape)}")
+    w = widths.tolist()
+    if min(w) < 1 or max(w) > T:
+        raise ValueError(f"specdec.tree_forward: widths must be within 1..{T}, got {w}")
+    if min(w) == T:
+        return None, []
+    runs: list[tuple[int, int, int]] = []
+    for b, n in enumerate(w):
+        if runs and runs[-1][2] == n:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
+        else:
+            runs.append((b, 1, n))
+    nodes = torch.arange(T, device=widths.device)
+    return (nodes < widths[:, None]).flatten().nonzero()[:, 0], runs
+
+
+def _packed_forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, index: Tensor | None,
+                    head: Callable[[Tensor], Tensor] | None, return_hidden: bool,
+                    keep: Tensor | None, B: int, T: int) -> Tensor | tuple[Tensor, Tensor]:
+    """`_forward`, over the nodes ``index`` (of the flattened [B, T]) packed into one sequence
+    when given; the outputs unpacked to [B, T, ...] with zeros at the nodes not computed."""
+    if index is None:
+        return _forward(model, cache, inputs, keep, head, return_hidden)
+    with cache.packed(index // T, index % T):
+        out = _forward(model, cache, inputs, None, head, return_hidden)
+
+    def unpack(x: Tensor) -> Tensor:
+        return x.new_zeros(B * T, x.shape[-1]).index_copy_(0, index, x[0]).view(B, T, -1)
+
+    return (unpack(out[0]), unpack(out[1])) if return_hidden else unpack(out)
 
 
 def _forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, keep: Tensor | None,

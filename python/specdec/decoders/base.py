@@ -21,6 +21,7 @@ from specdec.cache import SpecCache
 from specdec.cost_model import CostModel
 from specdec.decoders.pacing import Pacing
 from specdec.decoders.protocol import Context, Method, Proposal, Proposer, StepResult
+from specdec.decoders.rows import BatchRows
 from specdec.decoders.stats import GenerateOutput, GenerateStats
 from specdec.decoders.verify import Verifier
 from specdec.ops import TypicalAcceptance
@@ -65,6 +66,7 @@ def generate(
     pace: bool = True,
     share_prefix: bool = True,
     drop_finished: bool = True,
+    max_batch_size: int | None = None,
 ) -> GenerateOutput:
     """Generates with speculative decoding; the output is the target's own.
 
@@ -90,9 +92,10 @@ def generate(
         typical: ``specdec.TypicalAcceptance(...)``: Medusa's typical acceptance, LOSSY (the
             output no longer follows the target's distribution exactly; more candidates are
             accepted). Sampling only, deterministic candidates only. Default: exact.
-        pace: batches (B > 1) only: while steps without candidates advance the batch's slowest
-            row faster per ms than the method's steps (measured as decoding goes), decode one
-            token per pass (`specdec.decoders.pacing`). False: the method proposes every step.
+        pace: batches (more than one row at once) only: while steps without candidates
+            advance the batch's slowest row (while requests wait: all its rows) faster per ms
+            than the method's steps (measured as decoding goes), decode one token per pass
+            (`specdec.decoders.pacing`). False: the method proposes every step.
         share_prefix: batches only: leading prompt tokens that several rows have in common (a
             system prompt, few-shot examples; any groups of rows, `shared_prefixes`) are
             computed once by the target and by each draft model and copied into their rows, for
@@ -103,6 +106,13 @@ def generate(
             batch after the step it stopped in (its cache entries and its proposer state
             dropped), so later passes run only the rows still going. False: stopped rows stay
             in every pass (as in HF's batched ``generate``), computing their root.
+        max_batch_size: at most this many rows decode at once (default: every row). The other
+            rows wait, in order, and take the places of rows that stop (continuous batching:
+            a queue of requests served ``max_batch_size`` at a time, each row's output the
+            same as decoding it alone). Rows that start together share their prompt prefixes
+            (``share_prefix``); seeded sampling gives each row the same tokens however the
+            rows are batched. Needs ``drop_finished`` and a method whose proposers take rows
+            mid-run (every built-in one).
 
     Returns:
         ``GenerateOutput(sequences, stats)``: ``sequences [B, S + max_new_tokens]`` is the input
@@ -129,6 +139,8 @@ def generate(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError("a streamer needs batch size 1")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     sampling = Sampling(do_sample, temperature, top_k, top_p)
     streams = RandomStreams.from_generator(generator) if do_sample else None
     verifier = Verifier(sampling, streams, typical)
@@ -141,60 +153,80 @@ def generate(
     if int(prompt_len.min()) < 1:
         raise ValueError("every row needs at least one prompt token")
 
-    # Committed tokens of every row: prompt, then output; room for one more step per row.
-    capacity = S + max_new_tokens + 1
-    ctx = Context(
-        tokens=torch.full((B, capacity), pad, dtype=torch.long, device=device),
-        lengths=prompt_len.clone(),
-        finished=torch.zeros(B, dtype=torch.bool, device=device),
-        sampling=sampling,
-        streams=streams,
-        costs=CostModel(dict(pass_costs or {}), rows=B),
-        shared_prefixes=shared_prefixes(prompt, prompt_len, PASS_TOKENS) if share_prefix and B > 1 else (),
-    )
-    ctx.tokens[:, :S] = prompt
-    stats = GenerateStats(shared_prefixes=ctx.shared_prefixes)
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-
-    max_length = S + max_new_tokens + 1 + (method.max_pass_tokens if method is not None else 1)
-    # The prompts' rest after shared prefixes runs after each row's prefix, in passes over rows
-    # of similar lengths (`length_groups`).
-    offsets = prefix_offsets(ctx.shared_prefixes, B, device)
-    rest = int((prompt_len - offsets).max())
-    max_length = max(max_length, int(offsets.max()) + rest)
+    capacity = S + max_new_tokens + 1  # committed tokens per row: prompt, output, one more step
+    rows_at_once = B if max_batch_size is None else max_batch_size
+    costs = CostModel(dict(pass_costs or {}), rows=min(B, rows_at_once), packed=device.type == "cpu")
     models = (model, *(method.models if method is not None else ()))
     hidden_wanted = method is not None and method.needs_hidden_states
+    stats = GenerateStats()
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
     with torch.inference_mode(), tree_attention_enabled(*models):
-        cache = SpecCache.for_model(model, batch_size=B, max_length=max_length)
-        out = prefill(model, cache, prompt, prompt_len, return_hidden=hidden_wanted, shared=ctx.shared_prefixes,
-                      pass_tokens=PASS_TOKENS)
-        logits, hidden = out if hidden_wanted else (out, None)
-        first = verifier.choose(logits, prompt_len)
-        stats.prefill_time_s = time.perf_counter() - start
-        if B > 1 and device.type == "cpu" and not pass_costs:
-            # A batch's first point of the cost curve: the prompt's passes, as one pass over the
-            # tokens they computed (their time an upper bound: shared prefixes' passes and each
-            # pass's own cost included), so the first steps are not sized as if every pass cost
-            # the same.
-            computed = prefill_tokens(prompt_len - offsets, PASS_TOKENS)
-            ctx.costs.observe_target(max(1, round(computed / B)), stats.prefill_time_s * 1e3)
-        stats.target_forwards += 1
-        generated = torch.zeros(B, dtype=torch.long, device=device)
-        _emit(ctx, first[:, None], torch.ones_like(generated), generated, max_new_tokens, eos, streamer)
-        proposer = None
-        if method is not None:
-            root = torch.gather(prompt, 1, (prompt_len - 1)[:, None])
-            zeros = torch.zeros_like(generated)
-            step = StepResult(Proposal.root_only(root), zeros[:, None], zeros, first,
-                              logits[:, None], None if hidden is None else hidden[:, None])
-            proposer = method.start(model, ctx, prompt, prompt_len, max_length, step)
-        pacing = Pacing() if pace and proposer is not None and B > 1 else None
+        def start_rows(ids: Tensor) -> tuple[Context, SpecCache, Proposer | None, Tensor]:
+            """Prefills the prompts of rows ``ids``, emits their first tokens and starts their
+            proposer: a batch of those rows."""
+            rows_start = time.perf_counter()
+            k, lengths = ids.numel(), prompt_len[ids]
+            rows_prompt = prompt[ids]
+            shared = shared_prefixes(rows_prompt, lengths, PASS_TOKENS) if share_prefix and k > 1 else ()
+            ctx = Context(tokens=torch.full((k, capacity), pad, dtype=torch.long, device=device),
+                          lengths=lengths.clone(), finished=torch.zeros(k, dtype=torch.bool, device=device),
+                          sampling=sampling, streams=None if streams is None else streams.for_rows(ids),
+                          costs=costs, shared_prefixes=shared)
+            ctx.tokens[:, :S] = rows_prompt
+            stats.shared_prefixes += tuple(dataclasses.replace(g, rows=tuple(ids[list(g.rows)].tolist()))
+                                           for g in shared)
+            # Room for the output and one more step's pass; the prompts' rests after shared
+            # prefixes run after each row's prefix, in passes over rows of similar lengths.
+            offsets = prefix_offsets(shared, k, device)
+            max_length = max(S + max_new_tokens + 1 + (method.max_pass_tokens if method is not None else 1),
+                             int(offsets.max()) + int((lengths - offsets).max()))
+            cache = SpecCache.for_model(model, batch_size=k, max_length=max_length)
+            out = prefill(model, cache, rows_prompt, lengths, return_hidden=hidden_wanted, shared=shared,
+                          pass_tokens=PASS_TOKENS)
+            logits, hidden = out if hidden_wanted else (out, None)
+            first = dataclasses.replace(verifier, streams=ctx.streams).choose(logits, lengths)
+            elapsed = time.perf_counter() - rows_start
+            stats.prefill_time_s += elapsed
+            if k > 1 and device.type == "cpu" and not pass_costs and not costs.target_ms:
+                # A batch's first point of the cost curve: the prompt's passes, as one pass over the
+                # tokens they computed (their time an upper bound: shared prefixes' passes and each
+                # pass's own cost included), so the first steps are not sized as if every pass cost
+                # the same.
+                costs.observe_tokens(max(k, prefill_tokens(lengths - offsets, PASS_TOKENS)), elapsed * 1e3)
+            stats.target_forwards += 1
+            generated = torch.zeros(k, dtype=torch.long, device=device)
+            _emit(ctx, first[:, None], torch.ones_like(generated), generated, max_new_tokens, eos, streamer)
+            proposer = None
+            if method is not None:
+                root = torch.gather(rows_prompt, 1, (lengths - 1)[:, None])
+                zeros = torch.zeros_like(generated)
+                step = StepResult(Proposal.root_only(root), zeros[:, None], zeros, first,
+                                  logits[:, None], None if hidden is None else hidden[:, None])
+                proposer = method.start(model, ctx, rows_prompt, lengths, max_length, step)
+            return ctx, cache, proposer, generated
+
+        ids = torch.arange(B, device=device)
+        ctx, cache, proposer, generated = start_rows(ids[:rows_at_once])
         can_drop = proposer is None or (hasattr(proposer, "keep_rows") and getattr(proposer, "drops_rows", True))
-        batch = _Batch(ctx, generated, drop_finished and can_drop)
-        while batch.going(cache, streams, proposer):
+        if rows_at_once < B and not (drop_finished and can_drop and (
+                proposer is None or (hasattr(proposer, "join") and getattr(proposer, "joins_rows", True)))):
+            raise ValueError(f"max_batch_size={max_batch_size} needs rows to leave and join the batch: "
+                             f"drop_finished=True and a method whose proposers do both ({type(method).__name__} "
+                             "does not)")
+        verifier = dataclasses.replace(verifier, streams=ctx.streams)  # the batch's rows' numbers
+        pacing = Pacing() if pace and proposer is not None and min(B, rows_at_once) > 1 else None
+        batch = BatchRows(ctx, generated, B, ids[rows_at_once:], drop_finished and can_drop)
+        while batch.going(cache, proposer, rows_at_once):
+            if batch.free:
+                joining = batch.waiting[: batch.free]
+                batch.join(start_rows(joining), joining, cache, proposer)
+                if not bool((~batch.ctx.finished).any()):  # they stopped at their first token
+                    continue
             ctx, generated = batch.ctx, batch.generated
             step_start = time.perf_counter()
+            if pacing is not None:  # while requests wait, the batch's total progress counts
+                pacing.measure_total(batch.waiting.numel() > 0)
             budget = pacing.budget(generated, ~ctx.finished) if pacing is not None else None
             step_ctx = ctx if budget is None else dataclasses.replace(ctx, max_nodes=budget)
             proposal = proposer.propose(step_ctx) if proposer else Proposal.root_only(ctx.roots())
@@ -202,16 +234,18 @@ def generate(
             # roots) but verify nothing: their candidates would only widen the batch's pass.
             proposal = dataclasses.replace(proposal, tokens=torch.where(
                 ctx.finished[:, None] & proposal.is_candidate(), -1, proposal.tokens))
-            if device.type == "cpu":  # run the real nodes only: a host read is free here
-                proposal = _without_trailing_padding(proposal)
+            widths = None
+            if device.type == "cpu":  # run each row's real nodes only: a host read is free here
+                proposal, widths = _trimmed(proposal)
             mask, positions = node_layout(proposal.parents, cache.lengths, proposal.attention_mask,
                                           proposal.position_ids)
             pass_start = time.perf_counter()
             out = tree_forward(model, cache, proposal.tokens.clamp_min(0), proposal.parents,
-                               attention_mask=mask, position_ids=positions, return_hidden=hidden_wanted)
+                               attention_mask=mask, position_ids=positions, return_hidden=hidden_wanted,
+                               widths=widths)
             logits, hidden = out if hidden_wanted else (out, None)
-            if device.type == "cpu":  # elsewhere the pass is asynchronous: use the profile
-                ctx.costs.observe_target(proposal.width, (time.perf_counter() - pass_start) * 1e3)
+            if widths is not None:  # elsewhere the pass is asynchronous: use the profile
+                ctx.costs.observe_tokens(int(widths.sum()), (time.perf_counter() - pass_start) * 1e3)
             stats.target_forwards += 1
             candidate = proposal.is_candidate()
             verified = torch.where(candidate, proposal.tokens, -1)
@@ -248,56 +282,13 @@ def generate(
     return GenerateOutput(torch.cat([input_ids, new], 1), stats)
 
 
-class _Batch:
-    """The rows still in the batch: with ``drop``, rows that stopped leave it between steps
-    (their committed tokens kept here for the output)."""
-
-    def __init__(self, ctx: Context, generated: Tensor, drop: bool) -> None:
-        self.ctx, self.generated, self.drop = ctx, generated, drop
-        self.tokens, self.all_generated = ctx.tokens, generated  # every row, as given
-        self.ids = torch.arange(generated.shape[0], device=generated.device)  # each row's index there
-
-    def going(self, cache: SpecCache, streams: RandomStreams | None, proposer: Proposer | None) -> bool:
-        """Whether any row is still going (one host read); drops the rows that stopped."""
-        ctx = self.ctx
-        live = int((~ctx.finished).sum())
-        if self.drop and 0 < live < ctx.finished.shape[0]:
-            rows = (~ctx.finished).nonzero()[:, 0]
-            self._write_back()
-            self.ids = self.ids[rows]
-            self.generated = self.generated[rows]
-            self.ctx = dataclasses.replace(ctx, tokens=ctx.tokens[rows], lengths=ctx.lengths[rows],
-                                           finished=ctx.finished[rows])
-            self.ctx.costs.rows = live
-            cache.keep_rows(rows)
-            for part in (streams, proposer):
-                if part is not None:
-                    part.keep_rows(rows)
-        return live > 0
-
-    def every_row_of(self, values: Tensor) -> Tensor:
-        """``[B]`` per-row values of the rows in the batch, 0 for the rows that left it."""
-        if values.shape[0] == self.all_generated.shape[0]:
-            return values
-        return values.new_zeros(self.all_generated.shape).index_copy_(0, self.ids, values)
-
-    def every_row(self) -> tuple[Tensor, Tensor]:
-        """Committed tokens ``[B, capacity]`` and new-token counts ``[B]`` of every row as given."""
-        self._write_back()
-        return self.tokens, self.all_generated
-
-    def _write_back(self) -> None:
-        if self.ctx.tokens is not self.tokens:
-            self.tokens[self.ids] = self.ctx.tokens
-            self.all_generated[self.ids] = self.generated
-
-
-def _without_trailing_padding(proposal: Proposal) -> Proposal:
-    """The proposal up to the batch's last real node (padding at the end of rows dropped)."""
+def _trimmed(proposal: Proposal) -> tuple[Proposal, Tensor]:
+    """The proposal up to the batch's last real node, and each row's nodes up to its own last
+    real one ``[B]`` (the widths of a packed pass: padding at the end of a row costs nothing)."""
     T = proposal.width
-    last = ((proposal.tokens >= 0) * torch.arange(T, device=proposal.tokens.device)).amax()
-    width = int(last) + 1
-    return proposal if width == T else proposal.narrowed(width)
+    widths = ((proposal.tokens >= 0) * torch.arange(T, device=proposal.tokens.device)).amax(1) + 1
+    width = int(widths.max())
+    return (proposal if width == T else proposal.narrowed(width)), widths
 
 
 def _right_padded(tokens: Tensor, lengths: Tensor) -> Tensor:

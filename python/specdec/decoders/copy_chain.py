@@ -34,13 +34,21 @@ class CopyChain:
         """The chain, or None when no candidate pays (``explore``: then one candidate anyway,
         so that the estimate can recover) or the context's ``max_nodes`` is 0."""
         k = ctx.node_budget(self.limit)
-        if self.adaptive and k:
-            k = ctx.costs.best_length(self.acceptance, k) or int(explore)
         self.chain = None
         if k == 0:
             return None
-        self.chain = ops.ngram_match(ctx.tokens, ctx.lengths, min_n=self.min_ngram, max_n=self.max_ngram,
-                                     k=k, earliest=True)[0]
+        # The chain of the longest match, cut to the length that pays (a cut chain is the same
+        # match's first tokens).
+        chain, found = ops.ngram_match(ctx.tokens, ctx.lengths, min_n=self.min_ngram, max_n=self.max_ngram,
+                                       k=k, earliest=True)
+        if self.adaptive:
+            costs = ctx.costs
+            if costs.packed:  # only rows with a match pay for candidates (one host read, CPU)
+                costs = costs.for_rows(int(((found > 0) & ~ctx.finished).sum()))
+            k = costs.best_length(self.acceptance, k) or int(explore)
+        if k == 0:
+            return None
+        self.chain = chain[:, :k]
         self.start = ctx.lengths.clone()
         return self.chain
 

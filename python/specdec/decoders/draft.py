@@ -383,6 +383,12 @@ class _DraftProposer:
         for _, cache, _ in self.drafts:
             cache.keep_rows(rows)
 
+    def join(self, other: _DraftProposer) -> None:
+        """Appends the rows of ``other``'s draft caches (their prompts prefilled); the adaptive
+        estimates stay this batch's."""
+        for (_, cache, _), (_, theirs, _) in zip(self.drafts, other.drafts):
+            cache.join(theirs)
+
     def update(self, ctx: Context, step: StepResult) -> None:
         if self.tree_slots is not None:
             # Move the accepted nodes' entries into place: those fed to the draft, a prefix of

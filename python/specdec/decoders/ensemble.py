@@ -154,8 +154,9 @@ class _UnionProposer:
         for j, proposer in enumerate(self.proposers):
             state = _state(width - 1)
             call = j == 0 or explore or self._pays(j, state, width, ctx.costs)
-            # A member sizes its nodes for the pass it shares: the earlier members' nodes of
-            # this step and what the later ones added last step.
+            # A member sizes its nodes for the pass it shares: the batch's rows, the earlier
+            # members' nodes of this step and what the later ones added last step.
+            self.costs[j].rows = ctx.costs.rows
             self.costs[j].extra = width - 1 + sum(self.added[j + 1:])
             room = None if ctx.max_nodes is None else max(ctx.max_nodes - (width - 1), 0)
             start = time.perf_counter()
@@ -179,9 +180,16 @@ class _UnionProposer:
         return all(hasattr(p, "keep_rows") for p in self.proposers)
 
     def keep_rows(self, rows: Tensor) -> None:
-        for proposer, costs in zip(self.proposers, self.costs):
+        for proposer in self.proposers:
             proposer.keep_rows(rows)
-            costs.rows = rows.numel()
+
+    @property
+    def joins_rows(self) -> bool:
+        return all(hasattr(p, "join") for p in self.proposers)
+
+    def join(self, other: _UnionProposer) -> None:
+        for proposer, theirs in zip(self.proposers, other.proposers):
+            proposer.join(theirs)
 
     def update(self, ctx: Context, step: StepResult) -> None:
         steps = member_steps(step, self.proposals, self.index)

@@ -234,6 +234,14 @@ class _LookaheadProposer:
         self.pool.keep_rows(rows)
         self.levels = self.levels[rows]
 
+    def join(self, other: _LookaheadProposer) -> None:
+        """Appends ``other``'s rows: their pools (their prompts' n-grams) and windows. The
+        window's filled levels are the batch's: a new row's empty levels take its level-0
+        tokens (guesses from its prompt, replaced as the window advances)."""
+        self.pool.join(other.pool)
+        levels = torch.where(other.levels < 0, other.levels[:, :1], other.levels)
+        self.levels = torch.cat([self.levels, levels])
+
     def update(self, ctx: Context, step: StepResult) -> None:
         m = self.method
         self._advance_window(step.logits)

@@ -99,12 +99,14 @@ class _MedusaProposer:
         self.k = method.top_k if tree is None else tree.max_rank + 1
         # A static tree's parents are the same every step: made once per call.
         self.parents = None if tree is None else tree.parents_for(rows, tree.parents.device)
+        self.hidden: Tensor | None = None    # [B, H] the hidden state they were read from
         self.ids: Tensor | None = None       # [B, K, k] the heads' candidates for the next step
         self.logprobs: Tensor | None = None  # [B, K, k]
 
     def read(self, hidden: Tensor) -> None:
         """The heads' candidates from the target's final hidden state ``[B, H]`` at the node
         whose token the target chose last (the new root's predecessor)."""
+        self.hidden = hidden
         self.ids, self.logprobs = self.method.heads.topk(hidden, self.k)
 
     def propose(self, ctx: Context) -> Proposal:
@@ -122,6 +124,16 @@ class _MedusaProposer:
         self.read(step.hidden_at_last())
 
     def keep_rows(self, rows: Tensor) -> None:
-        self.ids, self.logprobs = self.ids[rows], self.logprobs[rows]
+        self.hidden, self.ids, self.logprobs = self.hidden[rows], self.ids[rows], self.logprobs[rows]
         if self.parents is not None:
             self.parents = self.parents[rows]
+
+    def join(self, other: _MedusaProposer) -> None:
+        """Appends ``other``'s rows: the heads' candidates read from their prompts' last hidden
+        states for this batch's tree (an automatic tree is sized per batch, so theirs may
+        differ)."""
+        ids, logprobs = self.method.heads.topk(other.hidden, self.k)
+        self.hidden = torch.cat([self.hidden, other.hidden])
+        self.ids, self.logprobs = torch.cat([self.ids, ids]), torch.cat([self.logprobs, logprobs])
+        if self.tree is not None:
+            self.parents = self.tree.parents_for(self.ids.shape[0], self.tree.parents.device)

@@ -89,12 +89,23 @@ class Pacing:
     one_token: Throughput = field(default_factory=Throughput)
     steps: int = 0
     proposing: bool = True
-    _before: Tensor | None = None  # the laggard's tokens when the step began
+    total: bool = False  # measure the batch's total progress instead of the laggard's
+    _before: Tensor | None = None  # the measured tokens when the step began
+
+    def measure_total(self, total: bool) -> None:
+        """Whether to measure the batch's total emitted tokens (while requests wait to take
+        the places of rows that stop: then throughput finishes the queue sooner, not the
+        laggard) or the laggard's; a change starts the estimates afresh."""
+        if total != self.total:
+            self.total, self.speculative, self.one_token = total, Throughput(), Throughput()
+
+    def _progress(self, generated: Tensor, going: Tensor) -> Tensor:
+        return generated.sum() if self.total else laggard(generated, going)
 
     def budget(self, generated: Tensor, going: Tensor) -> int | None:
         """This step's ``max_nodes`` (None: the method's own sizing), given the tokens each row
         has emitted so far and the rows still going."""
-        self._before = laggard(generated, going)
+        self._before = self._progress(generated, going)
         self.steps += 1
         s, o, phase = self.speculative, self.one_token, self.steps % EXPLORE_EVERY
         if s.count < MIN_SAMPLES:
@@ -110,7 +121,7 @@ class Pacing:
     def observe(self, generated: Tensor, going: Tensor, ms: float) -> None:
         """The step just run (after `budget`): the tokens emitted so far, the rows still going
         and the step's wall time. One host read."""
-        before, after = torch.stack([self._before, laggard(generated, going)]).tolist()
+        before, after = torch.stack([self._before, self._progress(generated, going)]).tolist()
         if after == _NONE_GOING:  # the batch is done
             return
         (self.speculative if self.proposing else self.one_token).observe(after - before, ms)

@@ -139,6 +139,9 @@ class _LookupProposer:
     def keep_rows(self, rows: Tensor) -> None:
         """Nothing to drop: no per-row state lasts from one step to the next."""
 
+    def join(self, other: _LookupProposer) -> None:
+        """Nothing to append (as `keep_rows`); the estimates stay this batch's."""
+
     def update(self, ctx: Context, step: StepResult) -> None:
         self.observe(ctx, step.accept_len)  # its tree was the step's whole tree
 

@@ -148,6 +148,12 @@ class Proposer(Protocol):
         ``drops_rows`` property is False, as an ensemble's with such a member) keeps the batch
         whole."""
 
+    def join(self, other: Proposer) -> None:
+        """Between steps: appends the rows of ``other``, a proposer of the same method started
+        (``Method.start``) on rows that join the batch, after this one's (`generate` with
+        ``max_batch_size``: requests taking the places of rows that stopped). Optional: a
+        method whose proposers lack it decodes every row at once."""
+
 
 class Method(Protocol):
     """A speculative decoding method: how to build its proposer for one `generate` call."""

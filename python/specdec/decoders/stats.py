@@ -18,7 +18,7 @@ class GenerateStats:
     target_forwards: int = 0     # target passes, the prefill included
     new_tokens: int = 0          # tokens generated, all rows
     wall_time_s: float = 0.0
-    prefill_time_s: float = 0.0  # the prompt's pass (included in wall_time_s)
+    prefill_time_s: float = 0.0  # the prompts' passes (included in wall_time_s)
     # Groups of rows whose common leading prompt tokens were computed once (share_prefix).
     shared_prefixes: tuple[SharedPrefix, ...] = ()
     new_tokens_per_row: Tensor | None = None  # [B]

@@ -1,0 +1,130 @@
+"""A queue of requests (`generate(max_batch_size=...)`): at most that many rows decode at once,
+waiting rows take the places of rows that stop, and every row's output is what decoding it
+alone gives."""
+
+import pytest
+import torch
+from test_decoders import PROMPTS, first_mismatch_note, hf_greedy, left_padded
+from test_finished_rows import EVERY_METHOD, early_eos, pass_rows
+from tiny_models import perturbed, tiny_lm
+
+import specdec
+
+MAX_NEW = 16
+# Rows that stop at different times: short and long outputs, repetitive and not.
+QUEUE = PROMPTS + [[0, 7, 8, 7, 8, 7], [0, 50, 51], [0, 12, 13, 14, 12, 13, 14, 12]]
+
+
+def run_queue(target, method, max_batch_size, **kw):
+    ids, mask = left_padded(QUEUE)
+    return specdec.generate(target, ids, max_new_tokens=MAX_NEW, method=method, attention_mask=mask,
+                            pad_token_id=2, max_batch_size=max_batch_size, pace=False, **kw)
+
+
+@pytest.mark.parametrize("name", [None, *EVERY_METHOD])
+def test_every_row_of_a_queue_is_hf_greedy(name):
+    target = tiny_lm("llama", seed=2)
+    eos = early_eos(target)
+    draft = perturbed(target, 0.2, 1)
+    S = max(len(p) for p in QUEUE)
+    for max_batch_size in (1, 3):
+        method = None if name is None else EVERY_METHOD[name](draft)
+        rows, hook = pass_rows(target)
+        out = run_queue(target, method, max_batch_size, eos_token_id=eos)
+        hook.remove()
+        assert max(rows) <= max_batch_size  # prompts' passes and decoding passes alike
+        for b, prompt in enumerate(QUEUE):
+            want = hf_greedy(target, prompt, MAX_NEW, eos)
+            got = out.sequences[b, S:S + len(want)].tolist()
+            assert got == want, (max_batch_size, b, first_mismatch_note(target, prompt, want, got))
+            assert (out.sequences[b, S + len(want):] == 2).all()
+        assert out.stats.new_tokens_per_row.shape == (len(QUEUE),)
+        assert all(a.shape == (len(QUEUE),) for a in out.stats.accepted)
+        assert out.stats.new_tokens == int(out.stats.new_tokens_per_row.sum())
+
+
+def test_waiting_rows_take_the_places_of_rows_that_stop():
+    target = tiny_lm("llama", seed=2)
+    passes = []  # (rows, whether the pass is a prompt's) of every pass
+
+    def record(_, args, kwargs):
+        runs = kwargs.get("specdec_packed")
+        rows = sum(n for _, n, _ in runs) if runs else kwargs["input_ids"].shape[0]
+        passes.append((rows, kwargs.get("specdec_tree_mask") is None))
+
+    hook = target.get_decoder().register_forward_pre_hook(record, with_kwargs=True)
+    out = run_queue(target, specdec.PromptLookup(), 3, eos_token_id=early_eos(target))
+    hook.remove()
+    decoding = [rows for rows, prompt in passes if not prompt]
+    joined = [i for i, (_, prompt) in enumerate(passes) if prompt and i > 0 and not passes[i - 1][1]]
+    # Rows joined between decoding passes, and every decoding pass until the queue emptied had 3
+    # rows: the batch stays full while requests wait, then shrinks as its last rows stop.
+    assert joined and len(decoding) == len(out.stats.accepted)
+    full = len(decoding) - decoding[::-1].index(3)
+    assert decoding[:full] == [3] * full and decoding[full:] == sorted(decoding[full:], reverse=True)
+    assert full > joined[-1] - len([p for p in passes[:joined[-1]] if p[1]])
+    assert (out.stats.new_tokens_per_row > 0).all()
+
+
+@pytest.mark.parametrize("name", ["draft coupled", "draft rejection sampling", "prompt lookup tree", "lookahead"])
+def test_seeded_sampling_gives_each_row_its_tokens_however_rows_are_batched(name):
+    target = tiny_lm("llama", seed=2)
+    draft = perturbed(target, 0.2, 1)
+    outs = [run_queue(target, EVERY_METHOD[name](draft), size, do_sample=True, temperature=1.5,
+                      generator=torch.Generator().manual_seed(9)).sequences for size in (None, 2, 5)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_rows_that_start_together_share_their_prompt_prefix():
+    target = tiny_lm("qwen2", seed=4)
+    system = [(7 * i) % 90 + 3 for i in range(80)]
+    prompts = [system + [10 + b, 20 + b] for b in range(5)]
+    ids = torch.tensor(prompts)
+    out = specdec.generate(target, ids, max_new_tokens=6, max_batch_size=2, pad_token_id=2, eos_token_id=[])
+    # Rows 0-1 start together; 2 and 3 join when both stop (a token a pass); then 4 alone.
+    assert [g.rows for g in out.stats.shared_prefixes] == [(0, 1), (2, 3)]
+    for b, prompt in enumerate(prompts):
+        assert out.sequences[b, 82:].tolist() == hf_greedy(target, prompt, 6, eos=[])
+
+
+def test_rows_that_stop_at_their_first_token_make_room_at_once():
+    target = tiny_lm("llama", seed=2)
+    ids, mask = left_padded(QUEUE)
+    out = specdec.generate(target, ids, max_new_tokens=1, attention_mask=mask, pad_token_id=2, max_batch_size=2,
+                           method=specdec.PromptLookup())
+    for b, prompt in enumerate(QUEUE):
+        assert out.sequences[b, -1].item() == hf_greedy(target, prompt, 1)[0]
+    assert out.stats.target_forwards == len(QUEUE) // 2 + len(QUEUE) % 2  # prompt passes only
+
+
+class _Stays:
+    """A method whose proposers can drop rows but not take new ones."""
+
+    max_pass_tokens, models, needs_hidden_states = 1, (), False
+
+    def start(self, target, ctx, prompt, prompt_len, max_length, first):
+        return self
+
+    def propose(self, ctx):
+        return specdec.Proposal.root_only(ctx.roots())
+
+    def update(self, ctx, step):
+        pass
+
+    def keep_rows(self, rows):
+        pass
+
+
+def test_bad_arguments():
+    target = tiny_lm("llama", seed=2)
+    ids, mask = left_padded(QUEUE)
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+        specdec.generate(target, ids, attention_mask=mask, max_batch_size=0)
+    with pytest.raises(ValueError, match="drop_finished=True"):
+        specdec.generate(target, ids, attention_mask=mask, max_batch_size=2, drop_finished=False)
+    with pytest.raises(ValueError, match="_Stays does not"):
+        specdec.generate(target, ids, attention_mask=mask, max_batch_size=2, method=_Stays())
+    # As many rows at once as there are: nothing waits, nothing needs to join.
+    out = specdec.generate(target, ids, attention_mask=mask, max_batch_size=len(QUEUE), method=_Stays(),
+                           max_new_tokens=3, pad_token_id=2)
+    assert out.sequences.shape == (len(QUEUE), ids.shape[1] + 3)
