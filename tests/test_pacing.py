@@ -63,3 +63,18 @@ def test_rows_that_stop_leave_the_laggard_to_the_others():
     run(pacing, 2, lambda step: ([2, 8], 1.0), finish_at=(2, 100))
     assert pacing.speculative.count == 2
     assert pacing.speculative.value == 8.0  # 16 tokens in 2 ms
+
+
+def test_while_requests_wait_the_batch_total_counts():
+    # Row 0 copies 8 tokens a step (2 ms), row 1 never copies: the laggard advances 1 per step
+    # either way, so by the laggard one-token steps (1 ms) win; while requests wait, the batch's
+    # total (9 per 2 ms against 2 per 1 ms) makes proposing win. A change restarts the estimates.
+    def copies(step):
+        return [8, 1], 2.0
+
+    assert run(Pacing(), 24, copies)[-8:].count(0) >= 7
+    waiting = Pacing()
+    waiting.measure_total(True)
+    assert run(waiting, 24, copies)[-8:].count(None) >= 7
+    waiting.measure_total(False)
+    assert waiting.speculative.count == waiting.one_token.count == 0

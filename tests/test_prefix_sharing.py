@@ -136,12 +136,15 @@ class CostsAtStart(specdec.PromptLookup):
 
 
 def test_the_prompts_pass_is_priced_by_the_rows_own_tokens():
-    # The batch's first cost point is its prompt's batched pass: with a shared prefix, only the
-    # rows' own parts ran batched (B x (S - shared) tokens), not B x S.
+    # The batch's first cost point is its prompt's passes, over the tokens they computed: with a
+    # shared prefix, the prefix once and the rows' own parts batched (shared + B x (S - shared)
+    # tokens), not B x S. (Without the prefix's tokens, rows that share all but their last
+    # token priced a whole prefill as a pass over B tokens.)
     target = tiny_lm("llama")
     prompts = [SYSTEM + q for q in QUESTIONS]
     ids, mask = left_padded(prompts)
-    for share, tokens in ((True, len(prompts) * (ids.shape[1] - len(SYSTEM))), (False, ids.numel())):
+    shared = len(SYSTEM) + len(prompts) * (ids.shape[1] - len(SYSTEM))
+    for share, tokens in ((True, shared), (False, ids.numel())):
         method = CostsAtStart()
         specdec.generate(target, ids, max_new_tokens=2, method=method, attention_mask=mask, pad_token_id=2,
                          share_prefix=share)

@@ -190,10 +190,11 @@ def generate(
             stats.prefill_time_s += elapsed
             if k > 1 and device.type == "cpu" and not pass_costs and not costs.target_ms:
                 # A batch's first point of the cost curve: the prompt's passes, as one pass over the
-                # tokens they computed (their time an upper bound: shared prefixes' passes and each
+                # tokens they computed, shared prefixes' included (their time an upper bound: each
                 # pass's own cost included), so the first steps are not sized as if every pass cost
                 # the same.
-                costs.observe_tokens(max(k, prefill_tokens(lengths - offsets, PASS_TOKENS)), elapsed * 1e3)
+                computed = prefill_tokens(lengths - offsets, PASS_TOKENS) + sum(g.length for g in shared)
+                costs.observe_tokens(max(k, computed), elapsed * 1e3)
             stats.target_forwards += 1
             generated = torch.zeros(k, dtype=torch.long, device=device)
             _emit(ctx, first[:, None], torch.ones_like(generated), generated, max_new_tokens, eos, streamer)

@@ -13,6 +13,13 @@ from specdec import ops
 from specdec.cost_model import AcceptanceEstimate
 from specdec.decoders.protocol import Context
 
+# Each row's acceptance rate in packed batches: its prior, and the weight of a new step.
+ROW_PRIOR = 0.5
+ROW_SMOOTHING = 0.5
+# A row whose every candidate was taken has rate 1 but may still stop copying: its chain is
+# sized as if each candidate had at most this chance.
+ROW_RATE_MAX = 0.9
+
 
 @dataclass
 class CopyChain:
@@ -20,15 +27,25 @@ class CopyChain:
     learns how far it was accepted.
 
     ``limit``: most candidates; with ``adaptive`` the length maximising expected tokens per ms
-    (``CostModel.best_length``), which may be 0 (no chain)."""
+    (``CostModel.best_length``), which may be 0 (no chain). In a batch whose passes are packed
+    (``CostModel.packed``: each row pays for its own nodes), each row's chain is cut to what
+    pays for that row (`row_lengths`): rows copying code keep long chains while rows writing
+    new text propose nothing, where one length for every row would fit neither.
+
+    ``rows``: the batch size (each row's acceptance rate starts at ``ROW_PRIOR``)."""
 
     min_ngram: int
     max_ngram: int
     limit: int
     adaptive: bool
+    rows: int = 1
     acceptance: AcceptanceEstimate = field(default_factory=lambda: AcceptanceEstimate(prior=0.5))
     chain: Tensor | None = None          # this step's [B, k]
     start: Tensor = field(default_factory=lambda: torch.zeros(0))  # committed lengths then
+    row_rates: Tensor | None = None      # [B] each row's recent per-candidate acceptance
+
+    def __post_init__(self) -> None:
+        self.row_rates = torch.full((self.rows,), ROW_PRIOR, dtype=torch.float64)
 
     def propose(self, ctx: Context, explore: bool = False) -> Tensor | None:
         """The chain, or None when no candidate pays (``explore``: then one candidate anyway,
@@ -41,16 +58,45 @@ class CopyChain:
         # match's first tokens).
         chain, found = ops.ngram_match(ctx.tokens, ctx.lengths, min_n=self.min_ngram, max_n=self.max_ngram,
                                        k=k, earliest=True)
-        if self.adaptive:
-            costs = ctx.costs
-            if costs.packed:  # only rows with a match pay for candidates (one host read, CPU)
-                costs = costs.for_rows(int(((found > 0) & ~ctx.finished).sum()))
-            k = costs.best_length(self.acceptance, k) or int(explore)
+        if self.adaptive and ctx.costs.packed and chain.shape[0] > 1:
+            lengths = self.row_lengths(ctx, found, k, explore)
+            chain = torch.where(torch.arange(k, device=chain.device) < lengths[:, None], chain, -1)
+            k = int(lengths.max())  # one host read (packed passes: CPU)
+        elif self.adaptive:
+            k = ctx.costs.best_length(self.acceptance, k) or int(explore)
         if k == 0:
             return None
         self.chain = chain[:, :k]
         self.start = ctx.lengths.clone()
         return self.chain
+
+    def row_lengths(self, ctx: Context, found: Tensor, k: int, explore: bool) -> Tensor:
+        """``[B]`` each row's candidates: candidate i pays for its row when the chance that it
+        and those before it are accepted, ``rate ** i``, exceeds what a candidate node costs in
+        a packed pass over what a one-token step costs per emitted token (both from the cost
+        model); with ``explore``, rows with a match try one at least, so that a rate that fell
+        can recover."""
+        costs, rows = ctx.costs.for_rows(1), ctx.tokens.shape[0]
+        one_token = costs.target(1)  # the batch's roots alone
+        node_ms = max(costs.target(1 + k) - one_token, 0.0) / k
+        threshold = node_ms * rows / max(one_token, 1e-9)
+        rates = self.row_rates.to(found.device).clamp(1e-9, ROW_RATE_MAX)
+        if threshold <= 0:
+            paying = torch.full_like(found, k)
+        elif threshold >= 1:
+            paying = torch.zeros_like(found)
+        else:  # i <= log(threshold) / log(rate)
+            paying = torch.log(torch.tensor(threshold)) / torch.log(rates)
+            paying = paying.floor().clamp(0, k).long()
+        if explore:
+            paying = paying.clamp_min(1)
+        return torch.where((found > 0) & ~ctx.finished, torch.minimum(paying, found), 0)
+
+    def keep_rows(self, rows: Tensor) -> None:
+        self.row_rates = self.row_rates[rows.to(self.row_rates.device)]
+
+    def join(self, other: CopyChain) -> None:
+        self.row_rates = torch.cat([self.row_rates, other.row_rates])
 
     def observe(self, ctx: Context, accept_len: Tensor, live: Tensor,
                 accepted: Tensor | None = None) -> list[list[int]]:
@@ -66,6 +112,12 @@ class CopyChain:
         if self.adaptive:
             chains = [(a, n) for _, a, n in rows if n > 0]
             self.acceptance.observe([a for a, _ in chains], [n for _, n in chains])
+            # Each row's rate: accepted candidates over those tried (a rejection counts one).
+            tried = (accepted + (accepted < chain_len).long()).double()
+            sample = accepted.double() / tried.clamp_min(1)
+            rates = self.row_rates.to(sample.device)
+            self.row_rates = torch.where(chain_len > 0, (1 - ROW_SMOOTHING) * rates + ROW_SMOOTHING * sample,
+                                         rates).cpu()
         return rows
 
     def accepted(self, ctx: Context, accept_len: Tensor) -> Tensor:

@@ -233,6 +233,8 @@ class _LookaheadProposer:
     def keep_rows(self, rows: Tensor) -> None:
         self.pool.keep_rows(rows)
         self.levels = self.levels[rows]
+        if self.lookup is not None:
+            self.lookup.keep_rows(rows)
 
     def join(self, other: _LookaheadProposer) -> None:
         """Appends ``other``'s rows: their pools (their prompts' n-grams) and windows. The
@@ -241,6 +243,8 @@ class _LookaheadProposer:
         self.pool.join(other.pool)
         levels = torch.where(other.levels < 0, other.levels[:, :1], other.levels)
         self.levels = torch.cat([self.levels, levels])
+        if self.lookup is not None:
+            self.lookup.join(other.lookup)
 
     def update(self, ctx: Context, step: StepResult) -> None:
         m = self.method

@@ -72,13 +72,13 @@ class PromptLookup:
 
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult):
-        return _LookupProposer(self)
+        return _LookupProposer(self, ctx.tokens.shape[0])
 
 
 class _LookupProposer:
-    def __init__(self, method: PromptLookup) -> None:
+    def __init__(self, method: PromptLookup, rows: int) -> None:
         self.method = method
-        self.main = CopyChain(method.min_ngram, method.max_ngram, method.chain_limit, method.adaptive)
+        self.main = CopyChain(method.min_ngram, method.max_ngram, method.chain_limit, method.adaptive, rows)
         self.side_gain = 0.5  # running mean of the tokens per step the side branches added
         self.steps = 0
         self.sides = False
@@ -137,10 +137,11 @@ class _LookupProposer:
         return with_sides > expected / ctx.costs.target(1 + k)
 
     def keep_rows(self, rows: Tensor) -> None:
-        """Nothing to drop: no per-row state lasts from one step to the next."""
+        self.main.keep_rows(rows)
 
     def join(self, other: _LookupProposer) -> None:
-        """Nothing to append (as `keep_rows`); the estimates stay this batch's."""
+        """Appends ``other``'s rows' acceptance rates; the batch's estimates stay this one's."""
+        self.main.join(other.main)
 
     def update(self, ctx: Context, step: StepResult) -> None:
         self.observe(ctx, step.accept_len)  # its tree was the step's whole tree
