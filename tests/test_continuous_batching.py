@@ -128,3 +128,40 @@ def test_bad_arguments():
     out = specdec.generate(target, ids, attention_mask=mask, max_batch_size=len(QUEUE), method=_Stays(),
                            max_new_tokens=3, pad_token_id=2)
     assert out.sequences.shape == (len(QUEUE), ids.shape[1] + 3)
+
+
+def test_a_joining_row_copies_the_prompt_prefix_of_a_row_in_the_batch():
+    target = tiny_lm("qwen2", seed=4)
+    system = [(7 * i) % 90 + 3 for i in range(80)]
+    prompts = [system + [10 + b, 20 + b] for b in range(3)]
+    eos = hf_greedy(target, prompts[0], 4, eos=[])[2]  # row 0 stops after 3 tokens, row 1 goes on
+    passes = []
+    hook = target.get_decoder().register_forward_pre_hook(
+        lambda _, args, kwargs: passes.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=8, max_batch_size=2, pad_token_id=2,
+                           eos_token_id=eos)
+    hook.remove()
+    # Rows 0 and 1 share the system prompt (computed once); row 2 joins while row 1 runs and
+    # copies its 80 cached tokens: its prompt pass computes its last 2 tokens only.
+    assert [g.rows for g in out.stats.shared_prefixes] == [(0, 1)]
+    assert out.stats.prefix_tokens_reused == 80
+    assert 2 in passes and passes.count(80) == 1
+    for b, prompt in enumerate(prompts):
+        want = hf_greedy(target, prompt, 8, eos)
+        assert out.sequences[b, 82: 82 + len(want)].tolist() == want
+
+
+def test_a_joining_prompt_equal_to_one_in_the_batch_keeps_its_last_token_for_its_own_pass():
+    from specdec.tree_forward import prefix_donors
+
+    prompts = torch.tensor([[4, 5, 6, 7], [8, 9, 0, 0]])
+    donor, length = prefix_donors(prompts, torch.tensor([4, 2]), prompts[:1], torch.tensor([4]))
+    assert donor.tolist() == [0, -1] and length.tolist() == [3, 0]
+    # Identical requests in a queue (rows 2 and 3 repeat rows 0 and 1) decode as HF does.
+    target = tiny_lm("llama", seed=2)
+    queue = [[0] + [5, 17, 33] * 7, [0] + [9, 61, 70, 71] * 5] * 2
+    ids, mask = left_padded(queue)
+    out = specdec.generate(target, ids, max_new_tokens=MAX_NEW, attention_mask=mask, pad_token_id=2,
+                           max_batch_size=3, eos_token_id=hf_greedy(target, queue[0], 6)[4])
+    assert torch.equal(out.sequences[2:], out.sequences[:2])
+    assert out.stats.prefix_tokens_reused == len(queue[1]) - 1  # row 3 copies row 1's prompt

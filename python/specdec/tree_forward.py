@@ -38,7 +38,7 @@ from specdec import ops
 from specdec.cache import SpecCache
 
 __all__ = ["ATTN_IMPLEMENTATION", "PASS_TOKENS", "SharedPrefix", "enable_tree_attention", "length_groups",
-           "node_layout", "prefill", "prefill_tokens", "prefix_offsets", "shared_prefixes",
+           "node_layout", "prefill", "prefill_tokens", "prefix_donors", "prefix_offsets", "shared_prefixes",
            "tree_attention_enabled", "tree_forward"]
 
 ATTN_IMPLEMENTATION = "specdec_tree"
@@ -565,6 +565,33 @@ def shared_prefixes(tokens: Tensor, lengths: Tensor, min_saved: int = 0) -> tupl
             groups.append(SharedPrefix(tuple(sorted(order[i:j])), min(near[i:j - 1])))
         j = i
     return tuple(sorted(groups, key=lambda g: g.rows))
+
+
+def prefix_donors(tokens: Tensor, lengths: Tensor, donor_tokens: Tensor, donor_lengths: Tensor,
+                  min_tokens: int = 1) -> tuple[Tensor, Tensor]:
+    """For rows of prompts ``tokens [k, N]`` (right-padded, ``lengths [k]``) joining a batch whose
+    rows have the prompts ``donor_tokens [R, M]`` (``donor_lengths [R]``): ``(donor [k], length
+    [k])``, the batch row whose prompt starts with the longest common prefix and that prefix's
+    length (stopping one token before the joining prompt ends; 0 and donor -1 below
+    ``min_tokens``). Its cache entries can be copied instead of computed.
+
+    Example:
+        >>> donor, n = prefix_donors(torch.tensor([[5, 6, 7, 8], [9, 9, 0, 0]]), torch.tensor([4, 2]),
+        ...                          torch.tensor([[1, 2, 3], [5, 6, 7]]), torch.tensor([3, 3]))
+        >>> donor.tolist(), n.tolist()
+        ([1, -1], [3, 0])
+    """
+    k, R = tokens.shape[0], donor_tokens.shape[0]
+    if R == 0:
+        return torch.full((k,), -1, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
+    width = min(tokens.shape[1], donor_tokens.shape[1])
+    columns = torch.arange(width, device=tokens.device)
+    same = tokens[:, None, :width] == donor_tokens[None, :, :width].to(tokens.device)
+    within = (columns < (lengths[:, None, None] - 1)) & (columns < donor_lengths.to(tokens.device)[None, :, None])
+    common = (same & within).long().cumprod(2).sum(2)  # [k, R]
+    length, donor = common.max(1)
+    use = length >= min_tokens
+    return torch.where(use, donor, -1).cpu(), torch.where(use, length, 0).cpu()
 
 
 def prefix_offsets(groups: Sequence[SharedPrefix], batch: int, device: torch.device | str = "cpu") -> Tensor:

@@ -27,8 +27,12 @@ from specdec.decoders.verify import Verifier
 from specdec.ops import TypicalAcceptance
 from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
-from specdec.tree_forward import (PASS_TOKENS, node_layout, prefill, prefill_tokens, prefix_offsets, shared_prefixes,
-                                  tree_attention_enabled, tree_forward)
+from specdec.tree_forward import (PASS_TOKENS, node_layout, prefill, prefill_tokens, prefix_donors, prefix_offsets,
+                                  shared_prefixes, tree_attention_enabled, tree_forward)
+
+# Rows joining a batch copy the cached prompt prefix of a row already in it from this many
+# common tokens on (a copy, no pass of its own: even short prefixes pay).
+REUSE_MIN_TOKENS = 16
 
 __all__ = ["Context", "GenerateOutput", "GenerateStats", "Method", "Proposal", "Proposer",
            "StepResult", "generate", "left_align"]
@@ -162,13 +166,22 @@ def generate(
     if streamer is not None:
         streamer.put(input_ids.cpu())
     with torch.inference_mode(), tree_attention_enabled(*models):
-        def start_rows(ids: Tensor) -> tuple[Context, SpecCache, Proposer | None, Tensor]:
+        def start_rows(ids: Tensor, batch: BatchRows | None = None,
+                       batch_cache: SpecCache | None = None) -> tuple[Context, SpecCache, Proposer | None, Tensor]:
             """Prefills the prompts of rows ``ids``, emits their first tokens and starts their
-            proposer: a batch of those rows."""
+            proposer: a batch of those rows, to join ``batch`` (whose rows' cached prompt
+            prefixes they copy where theirs start alike) when given."""
             rows_start = time.perf_counter()
             k, lengths = ids.numel(), prompt_len[ids]
             rows_prompt = prompt[ids]
-            shared = shared_prefixes(rows_prompt, lengths, PASS_TOKENS) if share_prefix and k > 1 else ()
+            donor = reused = None
+            if share_prefix and batch is not None:
+                donor, reused = prefix_donors(rows_prompt, lengths, prompt[batch.ids], prompt_len[batch.ids],
+                                              REUSE_MIN_TOKENS)
+                if not bool((donor >= 0).any()):
+                    donor = None
+            shared = (shared_prefixes(rows_prompt, lengths, PASS_TOKENS) if share_prefix and k > 1 and donor is None
+                      else ())
             ctx = Context(tokens=torch.full((k, capacity), pad, dtype=torch.long, device=device),
                           lengths=lengths.clone(), finished=torch.zeros(k, dtype=torch.bool, device=device),
                           sampling=sampling, streams=None if streams is None else streams.for_rows(ids),
@@ -182,8 +195,13 @@ def generate(
             max_length = max(S + max_new_tokens + 1 + (method.max_pass_tokens if method is not None else 1),
                              int(offsets.max()) + int((lengths - offsets).max()))
             cache = SpecCache.for_model(model, batch_size=k, max_length=max_length)
-            out = prefill(model, cache, rows_prompt, lengths, return_hidden=hidden_wanted, shared=shared,
-                          pass_tokens=PASS_TOKENS)
+            if donor is None:
+                out = prefill(model, cache, rows_prompt, lengths, return_hidden=hidden_wanted, shared=shared,
+                              pass_tokens=PASS_TOKENS)
+            else:  # prefixes copied from the batch's rows, the rests computed after them
+                out = _prefill_after_donors(model, cache, batch_cache, donor, reused, rows_prompt, lengths,
+                                            hidden_wanted)
+                stats.prefix_tokens_reused += int(reused.sum())
             logits, hidden = out if hidden_wanted else (out, None)
             first = dataclasses.replace(verifier, streams=ctx.streams).choose(logits, lengths)
             elapsed = time.perf_counter() - rows_start
@@ -221,7 +239,7 @@ def generate(
         while batch.going(cache, proposer, rows_at_once):
             if batch.free:
                 joining = batch.waiting[: batch.free]
-                batch.join(start_rows(joining), joining, cache, proposer)
+                batch.join(start_rows(joining, batch, cache), joining, cache, proposer)
                 if not bool((~batch.ctx.finished).any()):  # they stopped at their first token
                     continue
             ctx, generated = batch.ctx, batch.generated
@@ -281,6 +299,23 @@ def generate(
     keep = columns < generated[:, None]
     new = torch.where(keep, torch.gather(tokens, 1, src), new)
     return GenerateOutput(torch.cat([input_ids, new], 1), stats)
+
+
+def _prefill_after_donors(model: torch.nn.Module, cache: SpecCache, batch_cache: SpecCache, donor: Tensor,
+                          reused: Tensor, tokens: Tensor, lengths: Tensor, return_hidden: bool):
+    """`prefill` of right-padded prompts ``tokens`` (``lengths``) into the empty ``cache``, the
+    first ``reused[j]`` entries of row j copied from row ``donor[j]`` of ``batch_cache`` (-1:
+    none) and only the rest computed."""
+    device = tokens.device
+    rows = (donor >= 0).nonzero()[:, 0].to(device)
+    part = batch_cache.rows_of(donor[donor >= 0].to(device), min(batch_cache.max_length, cache.max_length))
+    cache.copy_row(part, rows)
+    offsets = reused.to(device)
+    cache.lengths.copy_(offsets)
+    rest = lengths - offsets
+    columns = torch.arange(int(rest.max()), device=device)
+    rest_tokens = torch.gather(tokens, 1, (offsets[:, None] + columns).clamp_max(tokens.shape[1] - 1))
+    return prefill(model, cache, rest_tokens, rest, return_hidden=return_hidden, pass_tokens=PASS_TOKENS)
 
 
 def _trimmed(proposal: Proposal) -> tuple[Proposal, Tensor]:
