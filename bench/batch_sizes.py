@@ -86,6 +86,8 @@ def main() -> None:
                         help=f"prompt kinds taken in turn, of {sorted(KINDS)}")
     parser.add_argument("--queue", type=int, default=None,
                         help="a queue of this many prompts served --sizes rows at a time")
+    parser.add_argument("--distinct", action="store_true",
+                        help="number each prompt at its start ('Request i: ...'), so that no two are the same")
     parser.set_defaults(no_accelerate=False)  # load_models prepares both models unless asked not to
     args = parser.parse_args()
     names = [m for m in args.methods.split(",") if m]
@@ -106,6 +108,8 @@ def main() -> None:
     rows = []
     for B in [int(b) for b in args.sizes.split(",")]:
         prompts = mixed_prompts(args.queue or B, kinds)
+        if args.distinct:  # the sets repeat prompts: requests then share only the chat template's start
+            prompts = [f"Request {i}: {p}" for i, p in enumerate(prompts)]
         ids, mask = batch(tok, prompts)
         N, secs, hf_new = args.new_tokens, 0.0, 0
         for first in range(0, len(prompts), B):  # a queue: HF's static batches, one after the other
@@ -152,6 +156,7 @@ def _write(args, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"batch_sizes-{Path(args.model).name}-{args.dtype}" + (f"-{args.tag}" if args.tag else "")
     meta = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "tag": args.tag, "queue": args.queue,
+            "distinct": args.distinct,
             "kinds": args.kinds, "draft": args.draft, "draft_dtype": args.draft_dtype if args.draft else None,
             "threads": torch.get_num_threads()}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
