@@ -133,6 +133,12 @@ def generate(
         >>> plain = model.generate(ids, max_new_tokens=8, do_sample=False)
         >>> torch.equal(out.sequences[:, : plain.shape[1]], plain)  # HF stops at EOS; we pad after it
         True
+
+        A queue of five requests served two rows at a time: each row's output is its own.
+        >>> queue = torch.randint(3, 50, (5, 6), generator=torch.Generator().manual_seed(1))
+        >>> served = generate(model, queue, max_new_tokens=8, method=PromptLookup(), max_batch_size=2)
+        >>> torch.equal(served.sequences, generate(model, queue, max_new_tokens=8).sequences)
+        True
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
