@@ -122,7 +122,7 @@ def test_bad_arguments():
         specdec.generate(target, ids, attention_mask=mask, max_batch_size=0)
     with pytest.raises(ValueError, match="drop_finished=True"):
         specdec.generate(target, ids, attention_mask=mask, max_batch_size=2, drop_finished=False)
-    with pytest.raises(ValueError, match="_Stays does not"):
+    with pytest.raises(ValueError, match="_Stays's do not"):
         specdec.generate(target, ids, attention_mask=mask, max_batch_size=2, method=_Stays())
     # As many rows at once as there are: nothing waits, nothing needs to join.
     out = specdec.generate(target, ids, attention_mask=mask, max_batch_size=len(QUEUE), method=_Stays(),

@@ -234,11 +234,12 @@ def generate(
         ids = torch.arange(B, device=device)
         ctx, cache, proposer, generated = start_rows(ids[:rows_at_once])
         can_drop = proposer is None or (hasattr(proposer, "keep_rows") and getattr(proposer, "drops_rows", True))
-        if rows_at_once < B and not (drop_finished and can_drop and (
+        if rows_at_once < B and not drop_finished:
+            raise ValueError(f"max_batch_size={max_batch_size} needs rows to leave the batch: drop_finished=True")
+        if rows_at_once < B and not (can_drop and (
                 proposer is None or (hasattr(proposer, "join") and getattr(proposer, "joins_rows", True)))):
-            raise ValueError(f"max_batch_size={max_batch_size} needs rows to leave and join the batch: "
-                             f"drop_finished=True and a method whose proposers do both ({type(method).__name__} "
-                             "does not)")
+            raise ValueError(f"max_batch_size={max_batch_size} needs a method whose proposers let rows leave and "
+                             f"join the batch ({type(method).__name__}'s do not)")
         verifier = dataclasses.replace(verifier, streams=ctx.streams)  # the batch's rows' numbers
         pacing = Pacing() if pace and proposer is not None and min(B, rows_at_once) > 1 else None
         batch = BatchRows(ctx, generated, B, ids[rows_at_once:], drop_finished and can_drop)
