@@ -123,6 +123,11 @@ def test_bad_shared_lengths_get_clear_errors():
     with pytest.raises(ValueError, match="shared prefix"):
         prefill(model, SpecCache.for_model(model, 2, 8), ids, torch.tensor([3, 2]),
                 shared=[SharedPrefix((0, 1), 2)])
+    with pytest.raises(ValueError, match="cached one"):
+        prefill(model, SpecCache.for_model(model, 2, 8), ids, torch.tensor([3, 2]), cached=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        prefill(model, SpecCache.for_model(model, 2, 8), ids, shared=[SharedPrefix((0, 1), 2)],
+                cached=torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="one row or one per row"):  # 3 rows into 2
         SpecCache.for_model(model, 2, 8).copy_row(SpecCache.for_model(model, 3, 8))
 

@@ -52,8 +52,8 @@ class SpecCacheLayer(CacheLayerMixin):
         self.device = keys.device
         self.max_length = keys.shape[2]
         self.is_initialized = True
-        # (rows [N], nodes [N]) during a packed pass (`SpecCache.packed`): the N tokens of a
-        # pass come as one sequence, token n being node nodes[n] of row rows[n].
+        # (rows [N], slots [N]) during a packed pass (`SpecCache.packed`): the N tokens of a
+        # pass come as one sequence, token n written at slots[n] of row rows[n].
         self.packing: tuple[Tensor, Tensor] | None = None
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
@@ -70,8 +70,7 @@ class SpecCacheLayer(CacheLayerMixin):
         """
         B, _, T, _ = key_states.shape
         if self.packing is not None:  # one sequence [1, Hkv, N, D]: token n at its row's node slot
-            rows, nodes = self.packing
-            pos = (self.lengths[rows] + nodes).clamp_max(self.max_length - 1)
+            rows, pos = self.packing
             self.keys[rows, :, pos] = key_states[0].transpose(0, 1).to(self.keys.dtype)
             self.values[rows, :, pos] = value_states[0].transpose(0, 1).to(self.values.dtype)
             return self.keys, self.values
@@ -210,8 +209,9 @@ class SpecCache(Cache):
         """Inside the block the model's passes are packed: their N tokens come as one sequence,
         token n being node ``nodes[n]`` of row ``rows[n]``, written at slot
         ``lengths[rows[n]] + nodes[n]`` (where the rectangular pass would write it)."""
+        slots = (self.lengths[rows] + nodes).clamp_max(self.max_length - 1)  # once for every layer
         for layer in self.layers:
-            layer.packing = (rows, nodes)
+            layer.packing = (rows, slots)
         try:
             yield
         finally:

@@ -395,6 +395,7 @@ def prefill(
     return_hidden: bool = False,
     shared: Sequence[SharedPrefix] = (),
     pass_tokens: int = 0,
+    cached: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
     commits them; returns the logits after every prompt's last token, ``[B, V]`` (and with
@@ -412,6 +413,9 @@ def prefill(
             very different lengths run in separate passes (`length_groups`), so that short
             prompts are not padded to the longest, wherever that spares more padding than the
             extra passes cost. 0: one pass over every row.
+        cached: ``[B]``, the cache already holds the first ``cached[b]`` tokens of row b's
+            prompt (copied from another cache, `SpecCache.copy_row`; its length set to them):
+            only the rest of each prompt runs, as after a shared prefix.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -433,17 +437,19 @@ def prefill(
     B, N = tokens.shape
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=tokens.device)
-    if shared:
-        offsets = prefix_offsets(shared, B, tokens.device)
-        if bool((offsets >= lengths).any()):
-            raise ValueError("specdec.prefill: a shared prefix must end before each of its rows' prompts does")
-        for group in shared:
-            n = group.length
-            one = SpecCache(model.config, 1, n, cache.layers[0].keys.dtype, cache.lengths.device)
-            first = tokens[group.rows[0], :n][None]
-            tree_forward(model, one, first, keep=torch.tensor([n - 1], device=tokens.device), head=head)
-            one.advance(torch.tensor([n]))
-            cache.copy_row(one, torch.tensor(group.rows, device=cache.lengths.device))
+    if shared and cached is not None:
+        raise ValueError("specdec.prefill: shared and cached cannot be combined")
+    offsets = prefix_offsets(shared, B, tokens.device) if shared else cached
+    if offsets is not None and bool((offsets >= lengths).any()):
+        raise ValueError("specdec.prefill: a shared prefix (or a cached one) must end before its row's prompt does")
+    for group in shared:
+        n = group.length
+        one = SpecCache(model.config, 1, n, cache.layers[0].keys.dtype, cache.lengths.device)
+        first = tokens[group.rows[0], :n][None]
+        tree_forward(model, one, first, keep=torch.tensor([n - 1], device=tokens.device), head=head)
+        one.advance(torch.tensor([n]))
+        cache.copy_row(one, torch.tensor(group.rows, device=cache.lengths.device))
+    if offsets is not None:
         # Each row's rest, moved to the front (right-padded again).
         columns = torch.arange(N, device=tokens.device)
         tokens = torch.gather(tokens, 1, (offsets[:, None] + columns).clamp_max(N - 1))

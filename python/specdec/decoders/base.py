@@ -317,12 +317,10 @@ def _prefill_after_donors(model: torch.nn.Module, cache: SpecCache, batch_cache:
     rows = (donor >= 0).nonzero()[:, 0].to(device)
     part = batch_cache.rows_of(donor[donor >= 0].to(device), min(batch_cache.max_length, cache.max_length))
     cache.copy_row(part, rows)
-    offsets = reused.to(device)
-    cache.lengths.copy_(offsets)
-    rest = lengths - offsets
-    columns = torch.arange(int(rest.max()), device=device)
-    rest_tokens = torch.gather(tokens, 1, (offsets[:, None] + columns).clamp_max(tokens.shape[1] - 1))
-    return prefill(model, cache, rest_tokens, rest, return_hidden=return_hidden, pass_tokens=PASS_TOKENS)
+    reused = reused.to(device)
+    cache.lengths.copy_(reused)
+    return prefill(model, cache, tokens, lengths, return_hidden=return_hidden, pass_tokens=PASS_TOKENS,
+                   cached=reused)
 
 
 def _trimmed(proposal: Proposal) -> tuple[Proposal, Tensor]:

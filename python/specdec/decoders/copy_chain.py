@@ -4,6 +4,7 @@ and the measured pass costs say pays. Prompt lookup's first chain; lookahead's l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -86,7 +87,7 @@ class CopyChain:
         elif threshold >= 1:
             paying = torch.zeros_like(found)
         else:  # i <= log(threshold) / log(rate)
-            paying = torch.log(torch.tensor(threshold)) / torch.log(rates)
+            paying = math.log(threshold) / torch.log(rates)
             paying = paying.floor().clamp(0, k).long()
         if explore:
             paying = paying.clamp_min(1)

@@ -65,6 +65,8 @@ class BatchRows:
 
     def every_row_of(self, values: Tensor) -> Tensor:
         """``[total]`` per-row values of the rows in the batch, 0 for the others."""
+        if values.shape[0] == self.all_generated.shape[0]:  # every row, none left, none waiting: as given
+            return values
         return values.new_zeros(self.all_generated.shape).index_copy_(0, self.ids, values)
 
     def every_row(self) -> tuple[Tensor, Tensor]:
