@@ -10,9 +10,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import torch
-from torch import Tensor
-
 # Adaptive choices try what they currently rule out every this many steps, so that the estimates
 # behind them stay current (prompt lookup's sides, lookahead's guesses, an ensemble's members,
 # the loop's pacing).
@@ -131,11 +128,7 @@ class CostModel:
         return (1 - self.smoothing) * old + self.smoothing * min(ms, OUTLIER * old)
 
     def target(self, k: int) -> float:
-        """Cost of a target pass of k nodes per row: `pass_ms` of its `tokens`."""
-        return self.pass_ms(self.tokens(k))
-
-    def pass_ms(self, k: int) -> float:
-        """Cost of a target pass over k tokens in all (rows and nodes): piecewise-linear in
+        """Cost of a target pass of k nodes per row (`tokens`): piecewise-linear in
         the known points; above them along the trend from a pass at most half as wide as the
         widest to the widest (never falling; flat with one known point), since on a CPU wider
         passes keep costing more and a flat price made nodes added to a long copy look free;
@@ -145,6 +138,7 @@ class CostModel:
         first measured."""
         if not self.target_ms:
             return 1.0
+        k = self.tokens(k)
         ks = sorted(self.target_ms)
         ms, low = {}, float("inf")
         for i in reversed(ks):  # a pass over more tokens never costs less
@@ -193,36 +187,6 @@ class CostModel:
         passes = drafted if passes is None else passes
         return ((expected + gain) / self.step_ms(drafted + 1, passes + 1)
                 > expected / self.step_ms(drafted, passes))
-
-    def extend_rows(self, expected: float, gains: Tensor, tokens: int, passes: int) -> Tensor:
-        """Packed passes (each row pays for its own nodes): which rows draft one more candidate.
-        ``gains [B]``: each row's chance that its next candidate and those before it are
-        accepted (0 for a row that stopped); ``expected``: the tokens this step is expected to
-        emit so far; ``tokens``: the target pass's tokens so far (roots and candidates);
-        ``passes``: draft passes so far. A row goes on while its gain per ms of the node it adds
-        beats the step's expected tokens per ms; the rows going together must also pay for the
-        draft pass they need (else none goes). With one row: `extend_pays`.
-
-        Example (8 ms per pass token from 8 tokens on, a 10 ms draft pass; the step so far: 4
-        roots and 8 candidates, 5.0 tokens expected, 102 ms: 0.049 tokens per ms; a node 8 ms):
-            >>> costs = CostModel({8: 60.0, 64: 508.0}, draft_ms_per_token=10.0, packed=True)
-            >>> costs.extend_rows(5.0, torch.tensor([0.9, 0.3, 0.0, 0.6]), tokens=12, passes=1).tolist()
-            [True, False, False, True]
-            >>> costs.extend_rows(5.0, torch.tensor([0.4, 0.3, 0.0, 0.0]), tokens=12, passes=1).tolist()
-            [False, False, False, False]
-        """
-        now = passes * self.draft_ms_per_token + self.pass_ms(tokens)
-        going = gains > 0
-        n = int(going.sum())
-        if n == 0:
-            return going
-        node_ms = (self.pass_ms(tokens + n) - self.pass_ms(tokens)) / n
-        going = gains * now > node_ms * expected
-        n = int(going.sum())
-        more = self.draft_ms_per_token + self.pass_ms(tokens + n) - self.pass_ms(tokens)
-        if n == 0 or (expected + float(gains[going].sum())) * now <= expected * (now + more):
-            return torch.zeros_like(going)
-        return going
 
     def step_ms(self, g: int, passes: int | None = None) -> float:
         """Cost of a step with g chain candidates: the draft passes that drafted them (one per

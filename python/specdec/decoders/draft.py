@@ -252,37 +252,25 @@ class _DraftProposer:
             return self._propose_copying(ctx, scores, limit, start)
         # Adaptive: per live row, the chance that every draft so far is accepted (the draft's
         # own probabilities of its tokens stand in for it), and the expected emitted tokens.
-        # Packed passes: each row stops drafting where its next candidate stops paying for its
-        # node (`CostModel.extend_rows`); the others' later drafts are padding, not computed.
         reach = (~ctx.finished).float()
         expected = reach.sum()
-        going = ~ctx.finished if method.adaptive and ctx.costs.packed else None
-        in_pass = ctx.costs.tokens(1)  # the packed pass's tokens so far: the roots (and others' nodes)
         drafts, probs = [], []
         for i in range(limit):
             # Coupled: the target's uniform at this position; else the draft's own.
             choice = self._choose(scores, sampling, ctx, ctx.lengths + i, TOKEN if method.coupled else DRAFT)
             if sampling.do_sample and not method.coupled:  # ids past the draft's scores: probability 0
                 probs.append(F.pad(scores, (0, self.target_vocab - scores.shape[-1])))
-            drafts.append(choice if going is None else torch.where(going, choice, -1))
+            drafts.append(choice)
             if i + 1 == limit:
                 break
             if method.adaptive:
                 confidence = self._confidence(scores, choice, sampling)
                 reach = reach * confidence
-                if going is not None:
-                    expected = expected + (reach * going).sum()
-                    in_pass += int(going.sum())
-                    # The next token is taken to be as likely as this one.
-                    going = ctx.costs.extend_rows(float(expected), reach * confidence * going, in_pass, i + 1)
-                    if not bool(going.any()):
-                        break
-                else:
-                    expected = expected + reach.sum()
-                    # The next token is taken to be as likely as this one. One host read per token.
-                    now, gain = torch.stack([expected, (reach * confidence).sum()]).tolist()
-                    if not ctx.costs.extend_pays(i + 1, now, gain):
-                        break
+                expected = expected + reach.sum()
+                # The next token is taken to be as likely as this one. One host read per token.
+                now, gain = torch.stack([expected, (reach * confidence).sum()]).tolist()
+                if not ctx.costs.extend_pays(i + 1, now, gain):
+                    break
             scores = self._scores(choice[:, None], None, sampling)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / len(drafts))
