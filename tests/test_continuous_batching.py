@@ -165,3 +165,74 @@ def test_a_joining_prompt_equal_to_one_in_the_batch_keeps_its_last_token_for_its
                            max_batch_size=3, eos_token_id=hf_greedy(target, queue[0], 6)[4])
     assert torch.equal(out.sequences[2:], out.sequences[:2])
     assert out.stats.prefix_tokens_reused == len(queue[1]) - 1  # row 3 copies row 1's prompt
+
+
+
+def test_a_joining_rows_draft_copies_the_prefix_from_the_batchs_draft_cache():
+    from specdec.cost_model import CostModel
+    from specdec.decoders.draft import draft_proposer
+    from specdec.decoders.protocol import Context
+    from specdec.sampling import Sampling
+    from specdec.tree_forward import prefix_donors, tree_attention_enabled
+
+    target = tiny_lm("qwen2", seed=4)
+    draft = perturbed(target, 0.2, 1)
+    system = [(7 * i) % 90 + 3 for i in range(40)]
+    batch = torch.tensor([[5] * 20 + [12, 13] + [0] * 20, system + [10, 11]])
+    batch_len = torch.tensor([22, 42])
+    # Row 0 starts like no row of the batch, row 1 with the batch's row 1 (4 tokens).
+    joining = torch.tensor([[6, 6, 6, 6, 0, 0], system[:4] + [70, 71]])
+    joining_len = torch.tensor([4, 6])
+    donor, reused = prefix_donors(joining, joining_len, batch, batch_len)
+    assert donor.tolist() == [-1, 1] and reused.tolist() == [0, 4]
+    method = specdec.DraftModel(draft, 3)
+
+    def same_entries(cache, rows, alone):
+        for mine, want in zip(cache.layers, alone.layers):
+            for row, b in zip(rows, range(2)):
+                n = int(joining_len[b])
+                torch.testing.assert_close(mine.keys[row, :, :n], want.keys[b, :, :n], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(mine.values[row, :, :n], want.values[b, :, :n], atol=1e-5, rtol=1e-5)
+
+    passes = []
+    with torch.inference_mode(), tree_attention_enabled(target, draft):
+        running = draft_proposer([method], target, batch, batch_len, 64)
+        whole = draft_proposer([method], target, joining, joining_len, 64)
+        hook = draft.get_decoder().register_forward_pre_hook(
+            lambda _, args, kwargs: passes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        waiting = draft_proposer([method], target, joining, joining_len, 64, donors=(donor, reused))
+        assert passes == []  # nothing computed until the rows join
+        running.join(waiting)
+        hook.remove()
+        # Started with donors but never joined: its rows are prefilled whole when it first proposes.
+        unjoined = draft_proposer([method], target, joining, joining_len, 64, donors=(donor, reused))
+        tokens = torch.cat([joining, torch.zeros(2, 8, dtype=torch.long)], 1)
+        tokens[0, 4] = tokens[1, 6] = 9  # each row's first emitted token
+        unjoined.propose(Context(tokens, joining_len + 1, torch.zeros(2, dtype=torch.bool), Sampling(), None,
+                                 CostModel()))
+    # The joining rows computed what the copy leaves: row 0's 4 tokens, row 1's last 2.
+    assert passes == [(2, 4)]
+    assert running.cache.lengths.tolist() == [22, 42, 4, 6]
+    same_entries(running.cache, [2, 3], whole.cache)
+    same_entries(unjoined.cache, [0, 1], whole.cache)
+
+
+def test_a_queue_with_a_draft_copies_prefixes_for_the_draft_too():
+    target = tiny_lm("qwen2", seed=4)
+    draft = perturbed(target, 0.2, 1)
+    system = [(7 * i) % 90 + 3 for i in range(80)]
+    prompts = [system + [10 + b, 20 + b] for b in range(3)]
+    eos = hf_greedy(target, prompts[0], 4, eos=[])[2]  # row 0 stops after 3 tokens, row 1 goes on
+    passes = []
+    hook = draft.get_decoder().register_forward_pre_hook(
+        lambda _, args, kwargs: passes.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=8, max_batch_size=2, pad_token_id=2,
+                           eos_token_id=eos, method=specdec.DraftModel(draft, 3))
+    hook.remove()
+    # The draft computes the system prompt once (rows 0 and 1 share it); row 2 copies it from
+    # row 1's draft cache when it joins.
+    assert out.stats.prefix_tokens_reused == 80
+    assert max(passes) == 80 and passes.count(80) == 1
+    for b, prompt in enumerate(prompts):
+        want = hf_greedy(target, prompt, 8, eos)
+        assert out.sequences[b, 82: 82 + len(want)].tolist() == want

@@ -38,7 +38,7 @@ from specdec import ops
 from specdec.cache import SpecCache
 
 __all__ = ["ATTN_IMPLEMENTATION", "PASS_TOKENS", "SharedPrefix", "enable_tree_attention", "length_groups",
-           "node_layout", "prefill", "prefill_tokens", "prefix_donors", "prefix_offsets", "shared_prefixes",
+           "node_layout", "prefill", "prefill_from", "prefill_tokens", "prefix_donors", "prefix_offsets", "shared_prefixes",
            "tree_attention_enabled", "tree_forward"]
 
 ATTN_IMPLEMENTATION = "specdec_tree"
@@ -470,6 +470,44 @@ def prefill(
     if return_hidden:
         return torch.cat([o[0] for o in outs])[order], torch.cat([o[1] for o in outs])[order]
     return torch.cat(outs)[order]
+
+
+@torch.no_grad()
+def prefill_from(model: PreTrainedModel, cache: SpecCache, source: SpecCache, donor: Tensor, reused: Tensor,
+                 tokens: Tensor, lengths: Tensor, head: Callable[[Tensor], Tensor] | None = None,
+                 return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """`prefill` of right-padded prompts ``tokens [k, N]`` (``lengths``) into the empty ``cache``,
+    the first ``reused[j]`` entries of row j copied from row ``donor[j]`` of ``source`` (-1: none;
+    `prefix_donors` finds them) and only the rest computed, in passes grouped by length.
+
+    Example (the second prompt starts as row 1 of a batch already prefilled):
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> _ = torch.manual_seed(0)
+        >>> cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        ...                   num_hidden_layers=2, intermediate_size=64, vocab_size=50)
+        >>> model = LlamaForCausalLM(cfg).eval()
+        >>> enable_tree_attention(model)
+        >>> batch = SpecCache(cfg, batch_size=2, max_length=16)
+        >>> _ = prefill(model, batch, torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]))
+        >>> joining = torch.tensor([[9, 9, 0], [5, 6, 7]])
+        >>> donor, reused = prefix_donors(joining, torch.tensor([2, 3]), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]),
+        ...                               torch.tensor([4, 4]))
+        >>> donor.tolist(), reused.tolist()
+        ([-1, 1], [0, 2])
+        >>> copied, computed = (SpecCache(cfg, batch_size=2, max_length=16) for _ in range(2))
+        >>> logits = prefill_from(model, copied, batch, donor, reused, joining, torch.tensor([2, 3]))
+        >>> torch.allclose(logits, prefill(model, computed, joining, torch.tensor([2, 3])), atol=1e-5)
+        True
+    """
+    device = tokens.device
+    rows = (donor >= 0).nonzero()[:, 0].to(device)
+    if rows.numel():
+        part = source.rows_of(donor[donor >= 0].to(device), min(source.max_length, cache.max_length))
+        cache.copy_row(part, rows)
+    reused = reused.to(device)
+    cache.lengths.copy_(reused)
+    return prefill(model, cache, tokens, lengths, head=head, return_hidden=return_hidden, pass_tokens=PASS_TOKENS,
+                   cached=reused)
 
 
 def _prefill_rows(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor,

@@ -27,8 +27,8 @@ from specdec.decoders.verify import Verifier
 from specdec.ops import TypicalAcceptance
 from specdec.random_streams import RandomStreams
 from specdec.sampling import Sampling
-from specdec.tree_forward import (PASS_TOKENS, node_layout, prefill, prefill_tokens, prefix_donors, prefix_offsets,
-                                  shared_prefixes, tree_attention_enabled, tree_forward)
+from specdec.tree_forward import (PASS_TOKENS, node_layout, prefill, prefill_from, prefill_tokens, prefix_donors,
+                                  prefix_offsets, shared_prefixes, tree_attention_enabled, tree_forward)
 
 # Rows joining a batch copy the cached prompt prefix of a row already in it from this many
 # common tokens on (a copy, no pass of its own: even short prefixes pay).
@@ -191,7 +191,8 @@ def generate(
             ctx = Context(tokens=torch.full((k, capacity), pad, dtype=torch.long, device=device),
                           lengths=lengths.clone(), finished=torch.zeros(k, dtype=torch.bool, device=device),
                           sampling=sampling, streams=None if streams is None else streams.for_rows(ids),
-                          costs=costs, shared_prefixes=shared)
+                          costs=costs, shared_prefixes=shared,
+                          prefix_donors=None if donor is None else (donor, reused))
             ctx.tokens[:, :S] = rows_prompt
             stats.shared_prefixes += tuple(dataclasses.replace(g, rows=tuple(ids[list(g.rows)].tolist()))
                                            for g in shared)
@@ -205,8 +206,8 @@ def generate(
                 out = prefill(model, cache, rows_prompt, lengths, return_hidden=hidden_wanted, shared=shared,
                               pass_tokens=PASS_TOKENS)
             else:  # prefixes copied from the batch's rows, the rests computed after them
-                out = _prefill_after_donors(model, cache, batch_cache, donor, reused, rows_prompt, lengths,
-                                            hidden_wanted)
+                out = prefill_from(model, cache, batch_cache, donor, reused, rows_prompt, lengths,
+                                   return_hidden=hidden_wanted)
                 stats.prefix_tokens_reused += int(reused.sum())
             logits, hidden = out if hidden_wanted else (out, None)
             first = dataclasses.replace(verifier, streams=ctx.streams).choose(logits, lengths)
@@ -306,21 +307,6 @@ def generate(
     keep = columns < generated[:, None]
     new = torch.where(keep, torch.gather(tokens, 1, src), new)
     return GenerateOutput(torch.cat([input_ids, new], 1), stats)
-
-
-def _prefill_after_donors(model: torch.nn.Module, cache: SpecCache, batch_cache: SpecCache, donor: Tensor,
-                          reused: Tensor, tokens: Tensor, lengths: Tensor, return_hidden: bool):
-    """`prefill` of right-padded prompts ``tokens`` (``lengths``) into the empty ``cache``, the
-    first ``reused[j]`` entries of row j copied from row ``donor[j]`` of ``batch_cache`` (-1:
-    none) and only the rest computed."""
-    device = tokens.device
-    rows = (donor >= 0).nonzero()[:, 0].to(device)
-    part = batch_cache.rows_of(donor[donor >= 0].to(device), min(batch_cache.max_length, cache.max_length))
-    cache.copy_row(part, rows)
-    reused = reused.to(device)
-    cache.lengths.copy_(reused)
-    return prefill(model, cache, tokens, lengths, return_hidden=return_hidden, pass_tokens=PASS_TOKENS,
-                   cached=reused)
 
 
 def _trimmed(proposal: Proposal) -> tuple[Proposal, Tensor]:

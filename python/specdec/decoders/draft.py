@@ -18,7 +18,7 @@ from specdec.decoders.protocol import Context, Proposal, StepResult
 from specdec.decoders.verify import draw
 from specdec.random_streams import DRAFT, TOKEN
 from specdec.sampling import Sampling
-from specdec.tree_forward import PASS_TOKENS, SharedPrefix, prefill, tree_forward
+from specdec.tree_forward import PASS_TOKENS, SharedPrefix, prefill, prefill_from, tree_forward
 
 
 @dataclass
@@ -135,7 +135,7 @@ class DraftModel:
 
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult):
-        return draft_proposer([self], target, prompt, prompt_len, max_length, ctx.shared_prefixes)
+        return draft_proposer([self], target, prompt, prompt_len, max_length, ctx.shared_prefixes, ctx.prefix_donors)
 
     def check_vocabulary(self, target: torch.nn.Module) -> int:
         """The target's vocabulary size, after checking that the draft's ids mean the same
@@ -176,20 +176,24 @@ def _setting(model: torch.nn.Module, name: str):
 
 
 def draft_proposer(drafts: Sequence[DraftModel], target: torch.nn.Module, prompt: Tensor,
-                   prompt_len: Tensor, max_length: int, shared: Sequence[SharedPrefix] = ()) -> _DraftProposer:
+                   prompt_len: Tensor, max_length: int, shared: Sequence[SharedPrefix] = (),
+                   donors: tuple[Tensor, Tensor] | None = None) -> _DraftProposer:
     """The proposer of one draft model, or of several drafting from the mean of their
     distributions (`specdec.Ensemble(..., mix="average")`): lengths, adaptivity and coupling
     are the first draft's; each draft's tokenizer is checked against the target's. ``shared``:
-    prompt prefixes that groups of rows have in common, computed once (`Context.shared_prefixes`)."""
+    prompt prefixes that groups of rows have in common, computed once (`Context.shared_prefixes`).
+    ``donors``: rows joining a batch whose prompts start as some of its rows'
+    (`Context.prefix_donors`): their draft prefill waits for `join`, which copies those rows'
+    draft entries and computes only the rest."""
     target_vocab = drafts[0].check_vocabulary(target)
     for draft in drafts[1:]:
         draft.check_vocabulary(target)
-    return _DraftProposer(drafts, target_vocab, prompt, prompt_len, max_length, shared)
+    return _DraftProposer(drafts, target_vocab, prompt, prompt_len, max_length, shared, donors)
 
 
 class _DraftProposer:
     def __init__(self, drafts: Sequence[DraftModel], target_vocab: int, prompt: Tensor, prompt_len: Tensor,
-                 max_length: int, shared: Sequence[SharedPrefix]) -> None:
+                 max_length: int, shared: Sequence[SharedPrefix], donors: tuple[Tensor, Tensor] | None) -> None:
         self.method = method = drafts[0]
         B = prompt.shape[0]
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
@@ -204,8 +208,13 @@ class _DraftProposer:
         self.proposable = min(min(_vocab_size(d.model), d.shared_vocab or target_vocab,
                                   d.head_tokens or target_vocab) for d in drafts)
         self.proposable = min(self.proposable, target_vocab)
-        for model, cache, head in self.drafts:
-            prefill(model, cache, prompt, prompt_len, head, shared=shared, pass_tokens=PASS_TOKENS)
+        # Rows with donors: prefilled when they join the batch, from its draft caches.
+        self.waiting: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        if donors is not None:
+            self.waiting = (prompt, prompt_len, *donors)
+        else:
+            for model, cache, head in self.drafts:
+                prefill(model, cache, prompt, prompt_len, head, shared=shared, pass_tokens=PASS_TOKENS)
 
     @property
     def cache(self) -> SpecCache:
@@ -235,6 +244,7 @@ class _DraftProposer:
         return logits[0] if len(logits) == 1 else torch.stack([x.float().softmax(-1) for x in logits]).mean(0)
 
     def propose(self, ctx: Context) -> Proposal:
+        self._prefill_waiting(None)  # started with donors but never joined to their batch
         method, sampling = self.method, ctx.sampling
         limit = ctx.node_budget(method.tree_nodes if method.tree > 1 else method.depth)
         if limit == 0:  # the tokens committed meanwhile are fed at the next drafting step
@@ -379,13 +389,26 @@ class _DraftProposer:
         proposal, self.tree_slots = select(tree, n, ctx.roots())
         return proposal
 
+    def _prefill_waiting(self, batch: _DraftProposer | None) -> None:
+        """Prefills rows that waited for the draft caches of ``batch`` (None: computed whole)."""
+        if self.waiting is None:
+            return
+        prompt, prompt_len, donor, reused = self.waiting
+        if batch is None:
+            donor, reused = torch.full_like(donor, -1), torch.zeros_like(reused)
+        for (model, cache, head), (_, source, _) in zip(self.drafts, (batch or self).drafts):
+            prefill_from(model, cache, source, donor, reused, prompt, prompt_len, head)
+        self.waiting = None
+
     def keep_rows(self, rows: Tensor) -> None:
         for _, cache, _ in self.drafts:
             cache.keep_rows(rows)
 
     def join(self, other: _DraftProposer) -> None:
-        """Appends the rows of ``other``'s draft caches (their prompts prefilled); the adaptive
-        estimates stay this batch's."""
+        """Appends the rows of ``other``'s draft caches, prefilling them first where they wait
+        for this batch's (`draft_proposer`'s ``donors``); the adaptive estimates stay this
+        batch's."""
+        other._prefill_waiting(self)
         for (_, cache, _), (_, theirs, _) in zip(self.drafts, other.drafts):
             cache.join(theirs)
 

@@ -111,7 +111,8 @@ class Ensemble:
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult) -> Proposer:
         if self.mix == "average":
-            return draft_proposer(self.members, target, prompt, prompt_len, max_length, ctx.shared_prefixes)
+            return draft_proposer(self.members, target, prompt, prompt_len, max_length, ctx.shared_prefixes,
+                                  ctx.prefix_donors)
         # Each member prices its own drafting: the target's costs are shared, a draft's are not.
         costs = [dataclasses.replace(ctx.costs, draft_ms_per_token=0.0) for _ in self.members]
         proposers = [m.start(target, dataclasses.replace(ctx, costs=c), prompt, prompt_len, max_length, first)

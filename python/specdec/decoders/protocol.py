@@ -82,7 +82,13 @@ class Context:
 
     ``shared_prefixes``: groups of rows whose leading prompt tokens the target's prefill computed
     once (`specdec.tree_forward.SharedPrefix`); a proposer with a model of its own prefills the
-    same way (`specdec.tree_forward.prefill` with ``shared``)."""
+    same way (`specdec.tree_forward.prefill` with ``shared``).
+
+    ``prefix_donors``: for rows joining a running batch (`generate` with ``max_batch_size``),
+    ``(donor [k], reused [k])``: the first ``reused[j]`` prompt tokens of row j are those of the
+    batch's row ``donor[j]`` (-1: none), whose cache entries the target copied
+    (`specdec.tree_forward.prefix_donors`); a proposer with a model of its own may copy its
+    entries too when it joins the batch (`Proposer.join`, `specdec.tree_forward.prefill_from`)."""
 
     tokens: Tensor            # [B, capacity] committed tokens, left-aligned
     lengths: Tensor           # [B] committed tokens per row
@@ -92,6 +98,7 @@ class Context:
     costs: CostModel  # target pass costs: profiled, and measured as decoding goes (CPU)
     max_nodes: int | None = None
     shared_prefixes: tuple[SharedPrefix, ...] = ()
+    prefix_donors: tuple[Tensor, Tensor] | None = None
 
     def node_budget(self, wanted: int) -> int:
         """``wanted`` nodes, cut to ``max_nodes``."""

@@ -21,8 +21,8 @@ class GenerateStats:
     prefill_time_s: float = 0.0  # the prompts' passes (included in wall_time_s)
     # Groups of rows whose common leading prompt tokens were computed once (share_prefix).
     shared_prefixes: tuple[SharedPrefix, ...] = ()
-    # Prompt tokens whose cache entries rows joining the batch (max_batch_size) copied from rows
-    # already in it instead of computing them.
+    # Prompt tokens whose target cache entries rows joining the batch (max_batch_size) copied
+    # from rows already in it instead of computing them (a draft model copies the same ones).
     prefix_tokens_reused: int = 0
     new_tokens_per_row: Tensor | None = None  # [B]
 
