@@ -6,10 +6,14 @@ and its own question. For each method, interleaved, ``specdec.generate`` with
 into every row) and ``share_prefix=False`` (every row computes its whole prompt). Reported: the
 target's prefill time, the draft's compute (every draft pass timed, its prefill apart), end-to-end
 tokens per second; every output is checked against the rows decoded one at a time (B = 1).
-Writes ``bench/results/shared_prefix-<model>-<dtype>.{json,md}``.
+With ``--queue N``: N such requests served ``--rows`` at a time (``max_batch_size``): a request
+joining the batch copies the system prompt's entries from a row already in it, in the target's
+cache and in the draft's (the draft's prefill is then not reported apart: only its total).
+Writes ``bench/results/shared_prefix-<model>-<dtype>[-queue<N>].{json,md}``.
 
     python bench/shared_prefix.py --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \\
         --draft-dtype bfloat16 --rows 8
+    python bench/shared_prefix.py --rows 4 --queue 16
 
 Run it on an idle machine: the numbers are wall-clock, ratios from one run.
 """
@@ -90,11 +94,13 @@ SYSTEM_PROMPTS = [SYSTEM_PROMPT, SYSTEM_PROMPT.replace(
     "reports from a warehouse of sales records.")]
 
 
-def batch(tok, rows: int, systems: int = 1) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def batch(tok, rows: int, systems: int = 1, numbered: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Left-padded ids and attention mask of ``rows`` chats (system prompt + one question each;
-    ``systems`` system prompts taken in turn), and each row's own ids."""
+    ``systems`` system prompts taken in turn; ``numbered``: each question starts with "Request
+    i:", so that no two are the same), and each row's own ids."""
     chats = [[{"role": "system", "content": SYSTEM_PROMPTS[i % systems]},
-              {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(rows)]
+              {"role": "user", "content": (f"Request {i}: " if numbered else "") + QUESTIONS[i % len(QUESTIONS)]}]
+             for i in range(rows)]
     encoded = [tok.apply_chat_template(c, add_generation_prompt=True, return_tensors="pt") for c in chats]
     own = [(e if isinstance(e, torch.Tensor) else e["input_ids"])[0] for e in encoded]
     S, pad = max(len(r) for r in own), pad_token_id(tok)
@@ -136,6 +142,7 @@ def main() -> None:
     parser.add_argument("--system-prompts", type=int, choices=(1, 2), default=1,
                         help="system prompts taken in turn by the rows")
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--queue", type=int, default=None, help="this many requests served --rows at a time")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
@@ -147,7 +154,8 @@ def main() -> None:
     methods = {"one_token": lambda: None,
                "draft": lambda: specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True,
                                                    head_tokens=args.draft_head_tokens or None)}
-    ids, mask, own = batch(tok, args.rows, args.system_prompts)
+    ids, mask, own = batch(tok, args.queue or args.rows, args.system_prompts, numbered=bool(args.queue))
+    at_once = args.rows if args.queue else None
     N = args.new_tokens
     # Warm-up (kernels, the reduced draft head): a short run of each method, both ways.
     for make in methods.values():
@@ -162,7 +170,7 @@ def main() -> None:
     for name, make in methods.items():
         for share in (True, False):
             out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=N, method=make(),
-                                   pad_token_id=pad, share_prefix=share)
+                                   pad_token_id=pad, share_prefix=share, max_batch_size=at_once)
             st, passes = out.stats, timer.reset()
             S = ids.shape[1]
             same = all(torch.equal(out.sequences[b, S:S + len(a)], a) for b, a in enumerate(apart))
@@ -172,7 +180,8 @@ def main() -> None:
                 "method": name, "share_prefix": share, "shared": [[len(g.rows), g.length] for g in st.shared_prefixes],
                 "prompt_tokens": int(mask.sum()), "new_tokens": st.new_tokens, "seconds": st.wall_time_s,
                 "tok/s": st.tokens_per_second, "target_prefill_s": st.prefill_time_s,
-                "draft_prefill_s": sum(passes[:prompt_passes]) / 1e3 if passes else None,
+                "draft_prefill_s": sum(passes[:prompt_passes]) / 1e3 if passes and not args.queue else None,
+                "prefix_tokens_reused": st.prefix_tokens_reused,
                 "draft_total_s": sum(passes) / 1e3 if passes else None,
                 "target_passes": st.target_forwards, "= rows apart": same})
             print(results[-1], flush=True)
@@ -186,6 +195,8 @@ def _table(rows: list[dict]) -> str:
         return "" if x is None else f"{x:.2f}"
     for r in rows:
         shared = ", ".join(f"{k} rows x {n}" for k, n in r["shared"]) or "none"
+        if r.get("prefix_tokens_reused"):
+            shared += f"; {r['prefix_tokens_reused']} copied by joining rows"
         lines.append(f"| {r['method']} | {shared if r['share_prefix'] else 'off'} "
                      f"| {f(r['target_prefill_s'])} | {f(r['draft_prefill_s'])} | {f(r['draft_total_s'])} "
                      f"| {r['seconds']:.1f} | {r['tok/s']:.2f} | {r['target_passes']} "
@@ -197,10 +208,10 @@ def _write(args, rows: list[dict]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"shared_prefix-{Path(args.model).name}-{args.dtype}" + (
-        f"-{args.system_prompts}systems" if args.system_prompts > 1 else "")
+        f"-{args.system_prompts}systems" if args.system_prompts > 1 else "") + (f"-queue{args.queue}" if args.queue else "")
     meta = {"model": args.model, "dtype": args.dtype, "draft": args.draft, "draft_dtype": args.draft_dtype,
             "draft_head_tokens": args.draft_head_tokens, "rows": args.rows, "new_tokens": args.new_tokens,
-            "system_prompts": args.system_prompts,
+            "system_prompts": args.system_prompts, "queue": args.queue,
             "threads": torch.get_num_threads()}
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / f"{stem}.md").write_text(_table(rows) + "\n")

@@ -77,14 +77,40 @@ def test_seeded_sampling_gives_each_row_its_tokens_however_rows_are_batched(name
 
 def test_rows_that_start_together_share_their_prompt_prefix():
     target = tiny_lm("qwen2", seed=4)
-    system = [(7 * i) % 90 + 3 for i in range(80)]
-    prompts = [system + [10 + b, 20 + b] for b in range(5)]
+    systems = [[(7 * i) % 90 + 3 for i in range(80)], [(11 * i) % 90 + 5 for i in range(80)]]
+    prompts = [systems[b >= 2] + [10 + b, 20 + b] for b in range(5)]
     ids = torch.tensor(prompts)
     out = specdec.generate(target, ids, max_new_tokens=6, max_batch_size=2, pad_token_id=2, eos_token_id=[])
-    # Rows 0-1 start together; 2 and 3 join when both stop (a token a pass); then 4 alone.
+    # Rows 0-1 start together; 2 and 3 (another system prompt) join when both stop (a token a
+    # pass) and share theirs; then 4 alone, copying it from row 2 or 3 as they leave.
     assert [g.rows for g in out.stats.shared_prefixes] == [(0, 1), (2, 3)]
+    assert out.stats.prefix_tokens_reused == 80
     for b, prompt in enumerate(prompts):
         assert out.sequences[b, 82:].tolist() == hf_greedy(target, prompt, 6, eos=[])
+
+
+def test_joining_rows_copy_the_prompt_prefix_of_rows_leaving_as_they_join():
+    target = tiny_lm("qwen2", seed=4)
+    draft = perturbed(target, 0.2, 1)
+    system = [(7 * i) % 90 + 3 for i in range(80)]
+    prompts = [system + [10 + b, 20 + b] for b in range(5)]
+    for method in (None, specdec.DraftModel(draft, 3)):
+        passes = {m: [] for m in (target, draft)}
+        hooks = [m.get_decoder().register_forward_pre_hook(
+            lambda _, args, kwargs, m=m: passes[m].append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+            for m in passes]
+        out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=6, max_batch_size=2, pad_token_id=2,
+                               eos_token_id=[], method=method)
+        for hook in hooks:
+            hook.remove()
+        # Rows 0-1 share the system prompt; every later row copies it from the rows it replaces
+        # (those rows stop at the step before and leave as it joins), in both models' caches.
+        assert [g.rows for g in out.stats.shared_prefixes] == [(0, 1)]
+        assert out.stats.prefix_tokens_reused == 3 * 80
+        for model in (target, draft) if method else (target,):
+            assert max(passes[model]) == 80 and passes[model].count(80) == 1
+        for b, prompt in enumerate(prompts):
+            assert out.sequences[b, 82:].tolist() == hf_greedy(target, prompt, 6, eos=[])
 
 
 def test_rows_that_stop_at_their_first_token_make_room_at_once():

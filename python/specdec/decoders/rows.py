@@ -26,31 +26,29 @@ class BatchRows:
         self.free = 0  # places for waiting rows after `going`
 
     def going(self, cache: SpecCache, proposer: Proposer | None, rows_at_once: int) -> bool:
-        """Whether any row is going or waiting (one host read); drops the rows that stopped
-        and counts the places free for waiting rows."""
+        """Whether any row is going or waiting (one host read); counts the places free for
+        waiting rows and drops the rows that stopped, after the rows taking their places have
+        joined when some do (`join`: a joining row may copy the cached prompt prefix of a row
+        that stopped)."""
         ctx = self.ctx
         live = int((~ctx.finished).sum())
         rows = ctx.finished.shape[0]
-        if self.drop and live < rows and (live > 0 or self.waiting.numel()):
-            keep = (~ctx.finished).nonzero()[:, 0]
-            self._write_back()
-            self.ids, self.generated = self.ids[keep], self.generated[keep]
-            self.ctx = dataclasses.replace(ctx, tokens=ctx.tokens[keep], lengths=ctx.lengths[keep],
-                                           finished=ctx.finished[keep])
-            cache.keep_rows(keep)
-            for part in (ctx.streams, proposer):
-                if part is not None:
-                    part.keep_rows(keep)
+        leaving = self.drop and live < rows and (live > 0 or self.waiting.numel() > 0)
+        if leaving:
             rows = live
         self.free = min(max(rows_at_once - rows, 0), self.waiting.numel())
+        if leaving and not self.free:
+            self._keep((~ctx.finished).nonzero()[:, 0], cache, proposer)
         self.ctx.costs.rows = rows + self.free  # the batch's passes to come (joining rows price theirs)
         return live > 0 or self.waiting.numel() > 0
 
     def join(self, started: tuple[Context, SpecCache, Proposer | None, Tensor], ids: Tensor,
              cache: SpecCache, proposer: Proposer | None) -> None:
         """Appends rows ``ids`` (taken from the front of ``waiting``) started on their own
-        (their context, cache, proposer and emitted counts) to the batch."""
+        (their context, cache, proposer and emitted counts) to the batch, and drops the batch's
+        rows that stopped."""
         ctx, theirs, their_proposer, generated = started
+        before = self.ctx.finished
         self.waiting = self.waiting[ids.numel():]
         self.ids = torch.cat([self.ids, ids])
         self.generated = torch.cat([self.generated, generated])
@@ -62,6 +60,21 @@ class BatchRows:
             self.ctx.streams.join(ctx.streams)
         if proposer is not None:
             proposer.join(their_proposer)
+        if self.drop and bool(before.any()):
+            joined = torch.arange(before.shape[0], self.ctx.finished.shape[0], device=before.device)
+            self._keep(torch.cat([(~before).nonzero()[:, 0], joined]), cache, proposer)
+
+    def _keep(self, keep: Tensor, cache: SpecCache, proposer: Proposer | None) -> None:
+        """Keeps only the rows ``keep`` (in that order), the others' tokens written back."""
+        self._write_back()
+        ctx = self.ctx
+        self.ids, self.generated = self.ids[keep], self.generated[keep]
+        self.ctx = dataclasses.replace(ctx, tokens=ctx.tokens[keep], lengths=ctx.lengths[keep],
+                                       finished=ctx.finished[keep])
+        cache.keep_rows(keep)
+        for part in (ctx.streams, proposer):
+            if part is not None:
+                part.keep_rows(keep)
 
     def every_row_of(self, values: Tensor) -> Tensor:
         """``[total]`` per-row values of the rows in the batch, 0 for the others."""
