@@ -94,7 +94,8 @@ SYSTEM_PROMPTS = [SYSTEM_PROMPT, SYSTEM_PROMPT.replace(
     "reports from a warehouse of sales records.")]
 
 
-def batch(tok, rows: int, systems: int = 1, numbered: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def batch(tok, rows: int, systems: int = 1,
+          numbered: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Left-padded ids and attention mask of ``rows`` chats (system prompt + one question each;
     ``systems`` system prompts taken in turn; ``numbered``: each question starts with "Request
     i:", so that no two are the same), and each row's own ids."""
@@ -208,7 +209,8 @@ def _write(args, rows: list[dict]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"shared_prefix-{Path(args.model).name}-{args.dtype}" + (
-        f"-{args.system_prompts}systems" if args.system_prompts > 1 else "") + (f"-queue{args.queue}" if args.queue else "")
+        f"-{args.system_prompts}systems" if args.system_prompts > 1 else "") + (
+        f"-queue{args.queue}" if args.queue else "")
     meta = {"model": args.model, "dtype": args.dtype, "draft": args.draft, "draft_dtype": args.draft_dtype,
             "draft_head_tokens": args.draft_head_tokens, "rows": args.rows, "new_tokens": args.new_tokens,
             "system_prompts": args.system_prompts, "queue": args.queue,

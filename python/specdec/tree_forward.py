@@ -38,8 +38,8 @@ from specdec import ops
 from specdec.cache import SpecCache
 
 __all__ = ["ATTN_IMPLEMENTATION", "PASS_TOKENS", "SharedPrefix", "enable_tree_attention", "length_groups",
-           "node_layout", "prefill", "prefill_from", "prefill_tokens", "prefix_donors", "prefix_offsets", "shared_prefixes",
-           "tree_attention_enabled", "tree_forward"]
+           "node_layout", "prefill", "prefill_from", "prefill_tokens", "prefix_donors", "prefix_offsets",
+           "shared_prefixes", "tree_attention_enabled", "tree_forward"]
 
 ATTN_IMPLEMENTATION = "specdec_tree"
 
