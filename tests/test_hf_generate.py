@@ -21,6 +21,20 @@ def test_greedy_identical_to_plain_generate(method):
     assert torch.equal(fast, plain)
 
 
+def test_a_batch_served_a_few_rows_at_a_time_is_plain_generate():
+    target = tiny_lm("qwen2", seed=21)
+    ids, mask = left_padded(PROMPTS)
+    kw = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=2, eos_token_id=40)
+    plain = target.generate(ids, **kw)
+    rows = []
+    hook = target.get_decoder().register_forward_pre_hook(
+        lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    fast = target.generate(ids, custom_generate=specdec.hf_generate(specdec.PromptLookup(), max_batch_size=2), **kw)
+    hook.remove()
+    assert torch.equal(fast, plain)
+    assert max(rows) == 2
+
+
 def test_generation_config_streamer_and_dict_output():
     target = tiny_lm("llama", seed=22)
     ids = torch.tensor([PROMPTS[2]])
