@@ -113,12 +113,12 @@ class CopyChain:
         if self.adaptive:
             chains = [(a, n) for _, a, n in rows if n > 0]
             self.acceptance.observe([a for a, _ in chains], [n for _, n in chains])
-            # Each row's rate: accepted candidates over those tried (a rejection counts one).
+        if self.adaptive and ctx.costs.packed:  # each row's rate sizes only packed passes (CPU)
+            # Accepted candidates over those tried (a rejection counts one).
             tried = (accepted + (accepted < chain_len).long()).double()
             sample = accepted.double() / tried.clamp_min(1)
             rates = self.row_rates.to(sample.device)
-            self.row_rates = torch.where(chain_len > 0, (1 - ROW_SMOOTHING) * rates + ROW_SMOOTHING * sample,
-                                         rates).cpu()
+            self.row_rates = torch.where(chain_len > 0, (1 - ROW_SMOOTHING) * rates + ROW_SMOOTHING * sample, rates)
         return rows
 
     def accepted(self, ctx: Context, accept_len: Tensor) -> Tensor:
