@@ -159,7 +159,7 @@ ChainDims check_chain_sampling(const std::optional<at::Tensor>& draft_probs,
   check_device(uniform, draft_ids, op, "uniform");
   check_out(out_ids, draft_ids, op, "out_ids", {B, K + 1}, draft_ids.scalar_type());
   check_out(accept_len, draft_ids, op, "accept_len", {B}, draft_ids.scalar_type());
-  if (draft_ids.is_cpu()) check_ids_in_range(draft_ids, V, op, "draft_ids");
+  if (checks_values(draft_ids)) check_ids_in_range(draft_ids, V, op, "draft_ids");
   return {B, K, V};
 }
 
@@ -171,7 +171,7 @@ ChainDims check_chain_greedy(const at::Tensor& draft_ids, const at::Tensor& targ
   check_out(out_ids, draft_ids, op, "out_ids", {B, K + 1}, draft_ids.scalar_type());
   check_out(accept_len, draft_ids, op, "accept_len", {B}, draft_ids.scalar_type());
   const int64_t V = check_target(target, draft_ids, op, B, K + 1);
-  if (draft_ids.is_cpu()) {
+  if (checks_values(draft_ids)) {
     check_ids_in_range(draft_ids, V, op, "draft_ids");
     // The target's tokens are emitted: they must be token ids too.
     if (V == kAnyVocab) check_ids_in_range(target, V, op, "target");
@@ -188,7 +188,7 @@ TreeDims check_build_tree(const at::Tensor& parents, const at::Tensor& tree_mask
   check_out(tree_mask, parents, op, "tree_mask", {B, T, T}, at::kBool);
   check_out(depth, parents, op, "depth", {B, T}, parents.scalar_type());
   check_out(paths, parents, op, "paths", {B, -1, -1}, parents.scalar_type());
-  if (parents.is_cpu()) check_parents(parents, op);
+  if (checks_values(parents)) check_parents(parents, op);
   return {B, T, 0, paths.size(2)};
 }
 
@@ -209,7 +209,7 @@ TreeDims check_tree_outputs(const char* op, const at::Tensor& tree_tokens,
   check_out(accept_path, tree_tokens, op, "accept_path", {B, -1}, dtype);
   check_out(accept_len, tree_tokens, op, "accept_len", {B}, dtype);
   check_out(next_token, tree_tokens, op, "next_token", {B}, dtype);
-  if (parents.is_cpu()) check_parents(parents, op);
+  if (checks_values(parents)) check_parents(parents, op);
   return {B, T, 0, accept_path.size(1)};
 }
 
@@ -227,7 +227,7 @@ TreeDims check_tree_greedy(const at::Tensor& tree_tokens, const at::Tensor& pare
   const char* op = "tree_verify_greedy";
   TreeDims d = check_tree_outputs(op, tree_tokens, parents, accept_path, accept_len, next_token);
   d.V = check_target(target, tree_tokens, op, d.B, d.T);
-  if (tree_tokens.is_cpu()) {
+  if (checks_values(tree_tokens)) {
     check_tree_tokens(tree_tokens, d.V, op);
     // The target's tokens are emitted: they must be token ids too.
     if (d.V == kAnyVocab) check_ids_in_range(target, d.V, op, "target");
@@ -264,7 +264,7 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
     TORCH_CHECK_VALUE(posterior_alpha >= 0.0, "specdec.", op,
                       ": posterior_alpha must be >= 0, got ", posterior_alpha);
   }
-  if (tree_tokens.is_cpu()) check_tree_tokens(tree_tokens, d.V, op);
+  if (checks_values(tree_tokens)) check_tree_tokens(tree_tokens, d.V, op);
   return d;
 }
 
@@ -288,7 +288,7 @@ NGramMatchDims check_ngram_match(const at::Tensor& context, const at::Tensor& co
                     ") must be >= min_n (", min_n, ")");
   check_out(draft, context, op, "draft", {B, -1}, context.scalar_type());
   check_out(draft_len, context, op, "draft_len", {B}, context.scalar_type());
-  if (context_len.is_cpu()) {
+  if (checks_values(context_len)) {
     const at::Tensor lens = context_len.contiguous();
     AT_DISPATCH_INDEX_TYPES(lens.scalar_type(), "check_ngram_match", [&] {
       const index_t* len = lens.const_data_ptr<index_t>();
@@ -337,7 +337,7 @@ PoolDims check_ngram_pool_insert(const at::Tensor& head, const at::Tensor& entri
   check_same_dtype(ngrams, head, op, "ngrams", "head");
   check_device(ngrams, head, op, "ngrams");
   TORCH_CHECK_VALUE(g >= 1, "specdec.", op, ": g must be >= 1, got ", g);
-  if (head.is_cpu()) {
+  if (checks_values(head)) {
     check_ids_in_range(ngrams, d.V, op, "ngrams", /*allow_padding=*/true);
     AT_DISPATCH_INDEX_TYPES(cursor.scalar_type(), "check_ngram_pool_insert", [&] {
       const index_t* c = cursor.const_data_ptr<index_t>();
@@ -361,7 +361,7 @@ PoolDims check_ngram_pool_lookup(const at::Tensor& head, const at::Tensor& entri
   check_device(last_ids, head, op, "last_ids");
   check_out(candidates, head, op, "candidates", {d.B, -1, d.N - 1}, head.scalar_type());
   check_out(count, head, op, "count", {d.B}, head.scalar_type());
-  if (last_ids.is_cpu()) check_ids_in_range(last_ids, d.V, op, "last_ids", /*allow_padding=*/true);
+  if (checks_values(last_ids)) check_ids_in_range(last_ids, d.V, op, "last_ids", /*allow_padding=*/true);
   d.G = candidates.size(1);
   return d;
 }
@@ -400,7 +400,7 @@ AttentionDims check_tree_attention(const at::Tensor& q, const at::Tensor& k_cach
     check_device(*tree_mask, q, op, "tree_mask");
   }
   check_out(out, q, op, "out", {B, H, T, D}, q.scalar_type());
-  if (prefix_len.is_cpu()) {
+  if (checks_values(prefix_len)) {
     const at::Tensor p = prefix_len.to(at::kLong).contiguous();
     const int64_t* data = p.const_data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
@@ -449,7 +449,7 @@ CommitDims check_kv_commit(at::TensorList k_caches, at::TensorList v_caches,
   check_same_dtype(accept_len, lengths, op, "accept_len", "lengths");
   check_device(accept_len, k0, op, "accept_len");
   const int64_t A = src_pos.size(1);
-  if (lengths.is_cpu()) {
+  if (checks_values(lengths)) {
     const at::Tensor len = lengths.to(at::kLong), n = accept_len.to(at::kLong),
                      src = src_pos.to(at::kLong).contiguous();
     const int64_t *pl = len.const_data_ptr<int64_t>(), *pn = n.const_data_ptr<int64_t>(),

@@ -21,7 +21,18 @@ void check_device(const at::Tensor& t, const at::Tensor& ref, const char* op, co
 void check_out(const at::Tensor& out, const at::Tensor& ref, const char* op, const char* name,
                at::IntArrayRef shape, at::ScalarType dtype);
 
-// Values (read the data: CPU tensors only).
+// Values (read the data). Only the CPU kernels check them: CUDA kernels cannot raise without a
+// host synchronisation, so they treat bad values safely instead (docs/ops.md). The CUDA
+// simulation (docs/cuda_simulation.md) runs the CUDA kernels on CPU tensors, without the checks.
+inline bool checks_values(const at::Tensor& t) {
+#if defined(SPECDEC_CUDA_SIM)
+  (void)t;
+  return false;
+#else
+  return t.is_cpu();
+#endif
+}
+// Values (read the data: tensors for which checks_values holds).
 // Ids in [0, vocab), or >= 0 when the vocabulary is unknown (kAnyVocab: a greedy op's target
 // given as token ids); with allow_padding, -1 (an unused slot) too.
 constexpr int64_t kAnyVocab = -1;

@@ -18,11 +18,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
-#include <array>
-#include <atomic>
+#include <cmath>
 
 #include "core/attention.h"
 #include "cuda/launch.cuh"
@@ -32,7 +29,6 @@ namespace specdec::cuda {
 namespace {
 
 constexpr int kAttnThreads = 128;
-constexpr int64_t kSmemLimit = 48 * 1024;  // no opt-in to larger shared memory needed
 constexpr int64_t kMinSplitKeys = 256;     // fewer keys per split do not pay for the merge
 
 struct Tile {
@@ -45,23 +41,10 @@ struct Tile {
 
 Tile pick_tile(int64_t D) {
   Tile t{16, 32};
-  while (t.smem_floats(D) * 4 > kSmemLimit && (t.keys > 1 || t.rows > 1)) {
+  while (t.smem_floats(D) * 4 > kMaxSharedBytes && (t.keys > 1 || t.rows > 1)) {
     if (t.keys > 8 || t.rows == 1) t.keys /= 2; else t.rows /= 2;
   }
   return t;
-}
-
-int sm_count(int device) {
-  // Atomic: host threads may launch on one device at once (each stores the same value).
-  static std::array<std::atomic<int>, 64> cached{};
-  if (device < 0 || device >= 64) return 108;
-  int n = cached[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    n = std::max(n, 1);
-    cached[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
 }
 
 struct AttnParams {
@@ -86,7 +69,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                           const scalar_t* __restrict__ v, const I* __restrict__ prefix_len,
                           const bool* __restrict__ mask, AttnParams p, scalar_t* __restrict__ out,
                           float* __restrict__ part_acc, float* __restrict__ part_ml) {
-  extern __shared__ float smem[];
+  SPECDEC_DYNAMIC_SHARED(float, smem);
   const int64_t R = p.tile_rows, C = p.chunk, D = p.D, T = p.T;
   float* qs = smem;                 // [R, D]
   float* ks = qs + R * D;           // [C, D + 1]
@@ -225,10 +208,9 @@ void tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
   const auto d = check_tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, out);
   if (d.B == 0) return;
   const Tile tile = pick_tile(d.D);
-  TORCH_CHECK_VALUE(tile.smem_floats(d.D) * 4 <= kSmemLimit, "specdec.tree_attention: q's head size ",
+  TORCH_CHECK_VALUE(tile.smem_floats(d.D) * 4 <= kMaxSharedBytes, "specdec.tree_attention: q's head size ",
                     d.D, " is too large for the CUDA kernel");
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(q);
   const at::Tensor qc = q.contiguous(), plen = prefix_len.contiguous();
   const at::Tensor mask = tree_mask ? tree_mask->contiguous() : at::Tensor();
 
@@ -239,7 +221,7 @@ void tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
   // depend on how many queries share the pass (T) or how they are tiled (G, D).
   const int64_t max_splits = std::max<int64_t>(1, (d.S + kMinSplitKeys - 1) / kMinSplitKeys);
   const int64_t heads = d.B * d.Hkv;
-  const int64_t want = (2 * sm_count(q.get_device()) + heads - 1) / heads;
+  const int64_t want = (2 * device.sm_count() + heads - 1) / heads;
   const int64_t num_splits = std::min(max_splits, std::max<int64_t>(1, want));
   const int64_t split_len = (d.S + num_splits - 1) / num_splits;
 
@@ -254,29 +236,23 @@ void tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
     part_acc = at::empty({num_splits, d.B * d.H * d.T, d.D}, opts);
     part_ml = at::empty({num_splits, d.B * d.H * d.T, 2}, opts);
   }
-  TORCH_CHECK_VALUE(tiles <= 65535 && num_splits <= 65535, "specdec.tree_attention: ", d.T,
-                    " tokens x ", d.H / d.Hkv, " query heads per KV head at head size ", d.D,
-                    " need ", tiles, " query tiles, more than a CUDA grid holds (65535)");
-  const dim3 grid(static_cast<unsigned>(d.B * d.Hkv), static_cast<unsigned>(num_splits),
-                  static_cast<unsigned>(tiles));
   const size_t smem = static_cast<size_t>(tile.smem_floats(d.D)) * sizeof(float);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tree_attention", [&] {
     AT_DISPATCH_INDEX_TYPES(plen.scalar_type(), "tree_attention", [&] {
-      tree_attention_kernel<scalar_t, index_t><<<grid, kAttnThreads, smem, stream>>>(
-          qc.const_data_ptr<scalar_t>(), k_cache.const_data_ptr<scalar_t>(),
-          v_cache.const_data_ptr<scalar_t>(), plen.const_data_ptr<index_t>(),
-          mask.defined() ? mask.const_data_ptr<bool>() : nullptr, p,
-          out.mutable_data_ptr<scalar_t>(),
-          num_splits > 1 ? part_acc.mutable_data_ptr<float>() : nullptr,
-          num_splits > 1 ? part_ml.mutable_data_ptr<float>() : nullptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch("tree_attention", tree_attention_kernel<scalar_t, index_t>,
+             {d.B * d.Hkv, num_splits, tiles}, kAttnThreads, smem, device,
+             qc.const_data_ptr<scalar_t>(), k_cache.const_data_ptr<scalar_t>(),
+             v_cache.const_data_ptr<scalar_t>(), plen.const_data_ptr<index_t>(),
+             mask.defined() ? mask.const_data_ptr<bool>() : nullptr, p,
+             out.mutable_data_ptr<scalar_t>(),
+             num_splits > 1 ? part_acc.mutable_data_ptr<float>() : nullptr,
+             num_splits > 1 ? part_ml.mutable_data_ptr<float>() : nullptr);
     });
     if (num_splits > 1) {
       const int64_t slots = d.B * d.H * d.T;
-      merge_kernel<scalar_t><<<static_cast<unsigned>(slots), 128, 0, stream>>>(
-          part_acc.const_data_ptr<float>(), part_ml.const_data_ptr<float>(), slots, num_splits,
-          d.D, out.mutable_data_ptr<scalar_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch("tree_attention", merge_kernel<scalar_t>, {slots}, 128, 0, device,
+             part_acc.const_data_ptr<float>(), part_ml.const_data_ptr<float>(), slots,
+             num_splits, d.D, out.mutable_data_ptr<scalar_t>());
     }
   });
 }
@@ -324,7 +300,7 @@ __global__ void advance_lengths_kernel(I* lengths, const I* accept_len, int64_t 
 template <class E>
 void launch_commit(at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& lengths,
                    const at::Tensor& src, const at::Tensor& n, const CommitDims& d,
-                   cudaStream_t stream) {
+                   const DeviceScope& device) {
   AT_DISPATCH_INDEX_TYPES(lengths.scalar_type(), "kv_commit", [&] {
     for (int64_t l0 = 0; l0 < d.L; l0 += kMaxLayers) {
       const int64_t count = std::min<int64_t>(kMaxLayers, d.L - l0);
@@ -333,16 +309,13 @@ void launch_commit(at::TensorList k_caches, at::TensorList v_caches, const at::T
         ptrs.k[l] = k_caches[l0 + l].data_ptr();
         ptrs.v[l] = v_caches[l0 + l].data_ptr();
       }
-      const dim3 grid(static_cast<unsigned>(d.B), static_cast<unsigned>(2 * count));
-      kv_commit_kernel<E, index_t><<<grid, kCommitThreads, 0, stream>>>(
-          ptrs, lengths.const_data_ptr<index_t>(), src.const_data_ptr<index_t>(),
-          n.const_data_ptr<index_t>(), d.S, d.A, d.Hk, d.Dk, d.Hv, d.Dv);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch("kv_commit", kv_commit_kernel<E, index_t>, {d.B, 2 * count}, kCommitThreads, 0,
+             device, ptrs, lengths.const_data_ptr<index_t>(), src.const_data_ptr<index_t>(),
+             n.const_data_ptr<index_t>(), d.S, d.A, d.Hk, d.Dk, d.Hv, d.Dv);
     }
-    advance_lengths_kernel<index_t>
-        <<<blocks_for(d.B, kThreadsPerRowBlock), kThreadsPerRowBlock, 0, stream>>>(
-            lengths.mutable_data_ptr<index_t>(), n.const_data_ptr<index_t>(), d.B, d.A, d.S);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch("kv_commit", advance_lengths_kernel<index_t>, {blocks_for(d.B, kThreadsPerRowBlock)},
+           kThreadsPerRowBlock, 0, device, lengths.mutable_data_ptr<index_t>(),
+           n.const_data_ptr<index_t>(), d.B, d.A, d.S);
   });
 }
 
@@ -350,21 +323,20 @@ void kv_commit(at::TensorList k_caches, at::TensorList v_caches, const at::Tenso
                const at::Tensor& src_pos, const at::Tensor& accept_len) {
   const auto d = check_kv_commit(k_caches, v_caches, lengths, src_pos, accept_len);
   if (d.B == 0) return;
-  const c10::cuda::CUDAGuard guard(lengths.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(lengths);
   const at::Tensor src = src_pos.contiguous(), n = accept_len.contiguous();
   // Entries are moved as opaque elements of the caches' element size.
   switch (k_caches[0].element_size()) {
-    case 1: launch_commit<uint8_t>(k_caches, v_caches, lengths, src, n, d, stream); break;
-    case 2: launch_commit<uint16_t>(k_caches, v_caches, lengths, src, n, d, stream); break;
-    case 4: launch_commit<uint32_t>(k_caches, v_caches, lengths, src, n, d, stream); break;
-    default: launch_commit<uint64_t>(k_caches, v_caches, lengths, src, n, d, stream); break;
+    case 1: launch_commit<uint8_t>(k_caches, v_caches, lengths, src, n, d, device); break;
+    case 2: launch_commit<uint16_t>(k_caches, v_caches, lengths, src, n, d, device); break;
+    case 4: launch_commit<uint32_t>(k_caches, v_caches, lengths, src, n, d, device); break;
+    default: launch_commit<uint64_t>(k_caches, v_caches, lengths, src, n, d, device); break;
   }
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+TORCH_LIBRARY_IMPL(SPECDEC_CUDA_LIBRARY, SPECDEC_CUDA_KEY, m) {
   m.impl("tree_attention", &tree_attention);
   m.impl("kv_commit", &kv_commit);
 }

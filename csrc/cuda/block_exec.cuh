@@ -3,10 +3,9 @@
 // their results are broadcast, so all threads take the same decisions.
 #pragma once
 
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
-
 #include <cstdint>
+
+#include "cuda/cub.cuh"
 
 namespace specdec::cuda {
 

@@ -40,20 +40,19 @@ void chain_speculative_sampling(const std::optional<at::Tensor>& draft_probs,
   const auto [B, K, V] =
       check_chain_sampling(draft_probs, draft_ids, target_probs, uniform, out_ids, accept_len);
   if (B == 0) return;
-  const c10::cuda::CUDAGuard guard(draft_ids.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(draft_ids);
   const at::Tensor ids = draft_ids.contiguous(), target = target_probs.contiguous(),
                    u = uniform.contiguous();
   const at::Tensor draft = draft_probs ? draft_probs->contiguous() : at::Tensor();
   AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "chain_speculative_sampling", [&] {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, target.scalar_type(), "chain_speculative_sampling", [&] {
-          chain_sampling_kernel<<<B, kRowBlock, 0, stream>>>(
-              draft.defined() ? draft.const_data_ptr<scalar_t>() : nullptr,
-              ids.const_data_ptr<index_t>(), target.const_data_ptr<scalar_t>(),
-              u.const_data_ptr<float>(), K, V, out_ids.mutable_data_ptr<index_t>(),
-              accept_len.mutable_data_ptr<index_t>());
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          launch("chain_speculative_sampling", chain_sampling_kernel<scalar_t, index_t>, {B},
+                 kRowBlock, 0, device,
+                 draft.defined() ? draft.const_data_ptr<scalar_t>() : nullptr,
+                 ids.const_data_ptr<index_t>(), target.const_data_ptr<scalar_t>(),
+                 u.const_data_ptr<float>(), K, V, out_ids.mutable_data_ptr<index_t>(),
+                 accept_len.mutable_data_ptr<index_t>());
         });
   });
 }
@@ -63,20 +62,19 @@ void chain_greedy_verify(const at::Tensor& draft_ids, const at::Tensor& target,
   const auto [B, K, V] = check_chain_greedy(draft_ids, target, out_ids, accept_len);
   const at::Tensor t = target_ids(target, draft_ids);
   if (B == 0) return;
-  const c10::cuda::CUDAGuard guard(draft_ids.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(draft_ids);
   const at::Tensor ids = draft_ids.contiguous();
   AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "chain_greedy_verify", [&] {
-    chain_greedy_kernel<<<blocks_for(B, kThreadsPerRowBlock), kThreadsPerRowBlock, 0, stream>>>(
-        ids.const_data_ptr<index_t>(), t.const_data_ptr<index_t>(), B, K,
-        out_ids.mutable_data_ptr<index_t>(), accept_len.mutable_data_ptr<index_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch("chain_greedy_verify", chain_greedy_kernel<index_t>,
+           {blocks_for(B, kThreadsPerRowBlock)}, kThreadsPerRowBlock, 0, device,
+           ids.const_data_ptr<index_t>(), t.const_data_ptr<index_t>(), B, K,
+           out_ids.mutable_data_ptr<index_t>(), accept_len.mutable_data_ptr<index_t>());
   });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+TORCH_LIBRARY_IMPL(SPECDEC_CUDA_LIBRARY, SPECDEC_CUDA_KEY, m) {
   m.impl("chain_speculative_sampling", &chain_speculative_sampling);
   m.impl("chain_greedy_verify", &chain_greedy_verify);
 }

@@ -5,9 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
-#include <cub/block/block_reduce.cuh>
-
 #include "core/ngram.h"
+#include "cuda/cub.cuh"
 #include "cuda/launch.cuh"
 #include "op_args.h"
 
@@ -70,14 +69,12 @@ void ngram_match(const at::Tensor& context, const at::Tensor& context_len, int64
                  const at::Tensor& draft_len) {
   const auto [B, S, K] = check_ngram_match(context, context_len, min_n, max_n, draft, draft_len);
   if (B == 0) return;
-  const c10::cuda::CUDAGuard guard(context.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(context);
   const at::Tensor ctx = context.contiguous(), lens = context_len.contiguous();
   AT_DISPATCH_INDEX_TYPES(ctx.scalar_type(), "ngram_match", [&] {
-    ngram_match_kernel<<<B, kMatchBlock, 0, stream>>>(
-        ctx.const_data_ptr<index_t>(), lens.const_data_ptr<index_t>(), S, min_n, max_n, earliest, K,
-        draft.mutable_data_ptr<index_t>(), draft_len.mutable_data_ptr<index_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch("ngram_match", ngram_match_kernel<index_t>, {B}, kMatchBlock, 0, device,
+           ctx.const_data_ptr<index_t>(), lens.const_data_ptr<index_t>(), S, min_n, max_n,
+           earliest, K, draft.mutable_data_ptr<index_t>(), draft_len.mutable_data_ptr<index_t>());
   });
 }
 
@@ -86,16 +83,14 @@ void ngram_pool_insert(const at::Tensor& head, const at::Tensor& entries, const 
   const auto d = check_ngram_pool_insert(head, entries, cursor, ngrams, g);
   const int64_t M = ngrams.size(1);
   if (d.B == 0 || M == 0) return;
-  const c10::cuda::CUDAGuard guard(head.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(head);
   const at::Tensor grams = ngrams.contiguous();
   AT_DISPATCH_INDEX_TYPES(head.scalar_type(), "ngram_pool_insert", [&] {
-    ngram_pool_insert_kernel<<<blocks_for(d.B, kThreadsPerRowBlock), kThreadsPerRowBlock, 0,
-                               stream>>>(
-        head.mutable_data_ptr<index_t>(), entries.mutable_data_ptr<index_t>(),
-        cursor.mutable_data_ptr<index_t>(), grams.const_data_ptr<index_t>(), d.B, d.V, d.C, d.N,
-        M, g);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch("ngram_pool_insert", ngram_pool_insert_kernel<index_t>,
+           {blocks_for(d.B, kThreadsPerRowBlock)}, kThreadsPerRowBlock, 0, device,
+           head.mutable_data_ptr<index_t>(), entries.mutable_data_ptr<index_t>(),
+           cursor.mutable_data_ptr<index_t>(), grams.const_data_ptr<index_t>(), d.B, d.V, d.C,
+           d.N, M, g);
   });
 }
 
@@ -103,22 +98,20 @@ void ngram_pool_lookup(const at::Tensor& head, const at::Tensor& entries, const 
                        const at::Tensor& candidates, const at::Tensor& count) {
   const auto d = check_ngram_pool_lookup(head, entries, last_ids, candidates, count);
   if (d.B == 0) return;
-  const c10::cuda::CUDAGuard guard(head.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(head);
   const at::Tensor ids = last_ids.contiguous();
   AT_DISPATCH_INDEX_TYPES(head.scalar_type(), "ngram_pool_lookup", [&] {
-    ngram_pool_lookup_kernel<<<blocks_for(d.B, kThreadsPerRowBlock), kThreadsPerRowBlock, 0,
-                               stream>>>(
-        head.const_data_ptr<index_t>(), entries.const_data_ptr<index_t>(),
-        ids.const_data_ptr<index_t>(), d.B, d.V, d.C, d.N, d.G,
-        candidates.mutable_data_ptr<index_t>(), count.mutable_data_ptr<index_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch("ngram_pool_lookup", ngram_pool_lookup_kernel<index_t>,
+           {blocks_for(d.B, kThreadsPerRowBlock)}, kThreadsPerRowBlock, 0, device,
+           head.const_data_ptr<index_t>(), entries.const_data_ptr<index_t>(),
+           ids.const_data_ptr<index_t>(), d.B, d.V, d.C, d.N, d.G,
+           candidates.mutable_data_ptr<index_t>(), count.mutable_data_ptr<index_t>());
   });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+TORCH_LIBRARY_IMPL(SPECDEC_CUDA_LIBRARY, SPECDEC_CUDA_KEY, m) {
   m.impl("ngram_match", &ngram_match);
   m.impl("ngram_pool_insert", &ngram_pool_insert);
   m.impl("ngram_pool_lookup", &ngram_pool_lookup);

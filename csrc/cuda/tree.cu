@@ -20,7 +20,7 @@ constexpr int64_t kMaxTreeNodes = 32768;
 template <class I>
 __global__ void build_tree_kernel(const I* parents, int64_t T, int64_t L, int64_t P, bool* mask,
                                   I* depth, I* paths) {
-  extern __shared__ bool is_leaf[];
+  SPECDEC_DYNAMIC_SHARED(bool, is_leaf);
   const int64_t b = blockIdx.x;
   const I* row = parents + b * T;
   for (int64_t i = threadIdx.x; i < T; i += blockDim.x)
@@ -93,15 +93,13 @@ void build_tree(const at::Tensor& parents, const at::Tensor& tree_mask, const at
   TORCH_CHECK_VALUE(d.T <= kMaxTreeNodes, "specdec.build_tree: trees of at most ", kMaxTreeNodes,
                     " nodes on CUDA, got ", d.T);
   if (d.B == 0) return;
-  const c10::cuda::CUDAGuard guard(parents.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(parents);
   const at::Tensor par = parents.contiguous();
   AT_DISPATCH_INDEX_TYPES(par.scalar_type(), "build_tree", [&] {
-    build_tree_kernel<<<d.B, kTreeBlock, d.T, stream>>>(
-        par.const_data_ptr<index_t>(), d.T, paths.size(1), paths.size(2),
-        tree_mask.mutable_data_ptr<bool>(), depth.mutable_data_ptr<index_t>(),
-        paths.mutable_data_ptr<index_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch("build_tree", build_tree_kernel<index_t>, {d.B}, kTreeBlock, d.T, device,
+           par.const_data_ptr<index_t>(), d.T, paths.size(1), paths.size(2),
+           tree_mask.mutable_data_ptr<bool>(), depth.mutable_data_ptr<index_t>(),
+           paths.mutable_data_ptr<index_t>());
   });
 }
 
@@ -113,15 +111,14 @@ void tree_verify_greedy(const at::Tensor& tree_tokens, const at::Tensor& parents
       check_tree_greedy(tree_tokens, parents, target, accept_path, accept_len, next_token);
   const at::Tensor t = target_ids(target, tree_tokens);
   if (d.B == 0) return;
-  const c10::cuda::CUDAGuard guard(tree_tokens.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(tree_tokens);
   const at::Tensor tok = tree_tokens.contiguous(), par = parents.contiguous();
   AT_DISPATCH_INDEX_TYPES(tok.scalar_type(), op, [&] {
-    tree_greedy_kernel<<<blocks_for(d.B, kThreadsPerRowBlock), kThreadsPerRowBlock, 0, stream>>>(
-        tok.const_data_ptr<index_t>(), par.const_data_ptr<index_t>(), t.const_data_ptr<index_t>(),
-        d.B, d.T, d.width, accept_path.mutable_data_ptr<index_t>(),
-        accept_len.mutable_data_ptr<index_t>(), next_token.mutable_data_ptr<index_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch(op, tree_greedy_kernel<index_t>, {blocks_for(d.B, kThreadsPerRowBlock)},
+           kThreadsPerRowBlock, 0, device, tok.const_data_ptr<index_t>(),
+           par.const_data_ptr<index_t>(), t.const_data_ptr<index_t>(), d.B, d.T, d.width,
+           accept_path.mutable_data_ptr<index_t>(), accept_len.mutable_data_ptr<index_t>(),
+           next_token.mutable_data_ptr<index_t>());
   });
 }
 
@@ -134,15 +131,15 @@ void tree_speculative_sampling(const at::Tensor& tree_tokens, const at::Tensor& 
   const auto d = check_tree_sampling(tree_tokens, parents, target_probs, uniform, draft_probs,
                                      posterior_threshold, posterior_alpha, accept_path,
                                      accept_len, next_token);
+  constexpr const char* op = "tree_speculative_sampling";
   if (d.B == 0) return;
-  const c10::cuda::CUDAGuard guard(tree_tokens.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceScope device(tree_tokens);
   const at::Tensor tok = tree_tokens.contiguous(), par = parents.contiguous(),
                    target = target_probs.contiguous(), u = uniform.contiguous();
   const at::Tensor draft = draft_probs ? draft_probs->contiguous() : at::Tensor();
-  AT_DISPATCH_INDEX_TYPES(tok.scalar_type(), "tree_speculative_sampling", [&] {
+  AT_DISPATCH_INDEX_TYPES(tok.scalar_type(), op, [&] {
     AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, target.scalar_type(), "tree_speculative_sampling", [&] {
+        at::kHalf, at::kBFloat16, target.scalar_type(), op, [&] {
           const index_t* x = tok.const_data_ptr<index_t>();
           const index_t* pa = par.const_data_ptr<index_t>();
           const scalar_t* p = target.const_data_ptr<scalar_t>();
@@ -152,30 +149,27 @@ void tree_speculative_sampling(const at::Tensor& tree_tokens, const at::Tensor& 
           if (posterior_threshold) {
             const at::Tensor entropy = node_entropy(target);
             const at::Tensor node = at::empty({d.B}, tok.options().dtype(at::kLong));
-            tree_typical_walk_kernel<<<blocks_for(d.B, kThreadsPerRowBlock), kThreadsPerRowBlock,
-                                       0, stream>>>(
-                x, pa, p, entropy.const_data_ptr<float>(),
-                static_cast<float>(*posterior_threshold), static_cast<float>(posterior_alpha),
-                d.B, d.T, d.V, d.width, path, len, next, node.mutable_data_ptr<int64_t>());
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-            sample_at_node_kernel<<<d.B, kRowBlock, 0, stream>>>(
-                p, u.const_data_ptr<float>(), node.const_data_ptr<int64_t>(), d.T, d.V, next);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            launch(op, tree_typical_walk_kernel<scalar_t, index_t>,
+                   {blocks_for(d.B, kThreadsPerRowBlock)}, kThreadsPerRowBlock, 0, device, x, pa,
+                   p, entropy.const_data_ptr<float>(), static_cast<float>(*posterior_threshold),
+                   static_cast<float>(posterior_alpha), d.B, d.T, d.V, d.width, path, len, next,
+                   node.mutable_data_ptr<int64_t>());
+            launch(op, sample_at_node_kernel<scalar_t, index_t>, {d.B}, kRowBlock, 0, device, p,
+                   u.const_data_ptr<float>(), node.const_data_ptr<int64_t>(), d.T, d.V, next);
             return;
           }
           const at::Tensor resid = at::empty({d.B, d.V}, target.options().dtype(at::kFloat));
-          tree_sampling_kernel<<<d.B, kRowBlock, 0, stream>>>(
-              x, pa, p, u.const_data_ptr<float>(),
-              draft.defined() ? draft.const_data_ptr<scalar_t>() : nullptr, d.T, d.V,
-              resid.mutable_data_ptr<float>(), d.width, path, len, next);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          launch(op, tree_sampling_kernel<scalar_t, index_t>, {d.B}, kRowBlock, 0, device, x, pa,
+                 p, u.const_data_ptr<float>(),
+                 draft.defined() ? draft.const_data_ptr<scalar_t>() : nullptr, d.T, d.V,
+                 resid.mutable_data_ptr<float>(), d.width, path, len, next);
         });
   });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+TORCH_LIBRARY_IMPL(SPECDEC_CUDA_LIBRARY, SPECDEC_CUDA_KEY, m) {
   m.impl("build_tree", &build_tree);
   m.impl("tree_verify_greedy", &tree_verify_greedy);
   m.impl("tree_speculative_sampling", &tree_speculative_sampling);
