@@ -6,9 +6,23 @@
                                          "model": "specdec.vllm.PromptLookup",
                                          "num_speculative_tokens": 8})
 
+- ``export_medusa(heads, out_dir)``: heads from ``specdec train-medusa`` in the layout of vLLM's
+  ``medusa`` method; ``medusa_speculative_config(out_dir, target_dir)`` checks them against
+  the target and gives the ``speculative_config``; ``lm_head_weight(target_dir)`` reads the
+  target's LM head for heads not attached to it.
+
 See docs/integrations.md.
 """
 
-from specdec.integrations.vllm import TESTED_VLLM, Lookahead, PromptLookup, check_vllm_version
+from specdec.integrations.vllm import (
+    TESTED_VLLM,
+    Lookahead,
+    PromptLookup,
+    check_vllm_version,
+    export_medusa,
+    lm_head_weight,
+    medusa_speculative_config,
+)
 
-__all__ = ["TESTED_VLLM", "Lookahead", "PromptLookup", "check_vllm_version"]
+__all__ = ["TESTED_VLLM", "Lookahead", "PromptLookup", "check_vllm_version", "export_medusa", "lm_head_weight",
+           "medusa_speculative_config"]

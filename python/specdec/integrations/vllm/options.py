@@ -101,11 +101,12 @@ def options_from(vllm_config: Any, cls: type[_O], proposer: str) -> _O:
                          f"options, got {type(extra).__name__}")
     known = sorted(f.name for f in dataclasses.fields(cls) if f.name not in _FROM_VLLM)
     for name, value in extra.items():
+        if name in _FROM_VLLM:
+            raise ValueError(f"specdec.vllm.{proposer}: {name!r} in additional_config['{CONFIG_KEY}'] comes "
+                             "from vLLM's own configuration (speculative_config, max_model_len), not from here")
         if name not in known:
-            where = ("set by vLLM, not an option" if name in _FROM_VLLM
-                     else f"its options are {', '.join(known)}")
             raise ValueError(f"specdec.vllm.{proposer}: unknown option {name!r} in "
-                             f"additional_config['{CONFIG_KEY}']; {where}")
+                             f"additional_config['{CONFIG_KEY}']; its options are {', '.join(known)}")
         default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
         if type(value) is not type(default) and not (type(default) is float and type(value) is int):
             raise ValueError(f"specdec.vllm.{proposer}: option {name!r} must be a "

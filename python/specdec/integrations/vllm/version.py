@@ -15,9 +15,6 @@ Example:
 
 from __future__ import annotations
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-
 __all__ = ["TESTED_VLLM", "check_vllm_version", "installed_vllm_version"]
 
 TESTED_VLLM = ">=0.32,<0.33"  # pip specifier
@@ -34,6 +31,9 @@ def check_vllm_version(version: str | None = None) -> None:
     """Raise RuntimeError unless ``version`` (default: the installed vLLM's) is in
     :data:`TESTED_VLLM`. Local and pre-release tags (``0.32.0+cpu``, ``0.32.1rc1``) count as
     their release."""
+    from packaging.specifiers import SpecifierSet  # a dependency of vLLM
+    from packaging.version import Version
+
     version = installed_vllm_version() if version is None else version
     if Version(Version(version).base_version) not in SpecifierSet(TESTED_VLLM):
         raise RuntimeError(

@@ -1,0 +1,34 @@
+"""specdec's proposers inside vLLM: greedy output identical to vLLM without speculation."""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from conftest import MAX_TOKENS, Run, run  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["PromptLookup", "Lookahead"])
+def speculative(request, model_dir) -> Run:
+    return run(model_dir, {"method": "custom_class", "model": f"specdec.vllm.{request.param}",
+                           "num_speculative_tokens": 6})
+
+
+def test_one_request_at_a_time_is_identical(speculative, plain):
+    assert [len(s) for s in plain.singles] == MAX_TOKENS
+    for i, (ours, theirs) in enumerate(zip(speculative.singles, plain.singles)):
+        assert ours == theirs, f"prompt {i}: first mismatch at token {_first_mismatch(ours, theirs)}"
+
+
+def test_a_batch_with_joins_finishes_and_preemptions_is_identical(speculative, plain):
+    assert speculative.metrics["vllm:num_preemptions"] > 0  # the small KV cache did preempt
+    for i, (ours, theirs) in enumerate(zip(speculative.batch, plain.batch)):
+        assert ours == theirs, f"prompt {i}: first mismatch at token {_first_mismatch(ours, theirs)}"
+
+
+def test_drafts_are_accepted(speculative):
+    assert speculative.metrics["vllm:spec_decode_num_drafts"] > 0
+    assert speculative.acceptance > 0.1  # copies of the prompts' code: far above chance
+
+
+def _first_mismatch(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
