@@ -7,9 +7,9 @@
                                          "num_speculative_tokens": 8})
 
 - ``export_medusa(heads, out_dir)``: heads from ``specdec train-medusa`` in the layout of vLLM's
-  ``medusa`` method; ``medusa_speculative_config(out_dir, target_dir)`` checks them against
-  the target and gives the ``speculative_config``; ``lm_head_weight(target_dir)`` reads the
-  target's LM head for heads not attached to it.
+  ``medusa`` method; ``medusa_engine_args(out_dir, target_dir)`` checks them against
+  the target and gives the engine arguments that serve them; ``lm_head_weight(target_dir)``
+  reads the target's LM head for heads not attached to it.
 
 See docs/integrations.md.
 """
@@ -21,8 +21,8 @@ from specdec.integrations.vllm import (
     check_vllm_version,
     export_medusa,
     lm_head_weight,
-    medusa_speculative_config,
+    medusa_engine_args,
 )
 
 __all__ = ["TESTED_VLLM", "Lookahead", "PromptLookup", "check_vllm_version", "export_medusa", "lm_head_weight",
-           "medusa_speculative_config"]
+           "medusa_engine_args"]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("vllm")
 
 import specdec  # noqa: E402
-from specdec.vllm import export_medusa, lm_head_weight, medusa_speculative_config  # noqa: E402
+from specdec.vllm import export_medusa, lm_head_weight, medusa_engine_args  # noqa: E402
 
 
 def tiny_target():
@@ -114,14 +114,16 @@ def test_heads_for_another_model_are_refused(heads, tmp_path):
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 48, "vocab_size": 64}))
     with pytest.raises(ValueError, match="hidden_size 32\\); the target .* has hidden_size 48: heads trained for"):
-        medusa_speculative_config(out, other)
+        medusa_engine_args(out, other)
 
 
-def test_the_speculative_config_names_the_heads_and_drafts_one_token_per_head(heads, target, tmp_path):
+def test_the_engine_args_name_the_heads_and_draft_one_token_per_head(heads, target, tmp_path):
     target.save_pretrained(tmp_path / "target")
     out = export_medusa(heads, tmp_path / "vllm")
-    assert medusa_speculative_config(out, tmp_path / "target") == {
-        "method": "medusa", "model": str(out), "num_speculative_tokens": 3}
+    assert medusa_engine_args(out, tmp_path / "target") == {
+        "speculative_config": {"method": "medusa", "model": str(out), "num_speculative_tokens": 3},
+        "model_loader_extra_config": {"enable_weights_track": False},  # vLLM 0.32 with a token_map
+    }
     with pytest.raises(ValueError, match="num_speculative_tokens must be in 1..3"):
-        medusa_speculative_config(out, tmp_path / "target", num_speculative_tokens=4)
+        medusa_engine_args(out, tmp_path / "target", num_speculative_tokens=4)
     assert torch.equal(lm_head_weight(tmp_path / "target"), target.lm_head.weight)

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conftest import MAX_TOKENS, Run, run  # noqa: E402
+from conftest import MAX_TOKENS, Run, engine, run  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["PromptLookup", "Lookahead"])
@@ -28,6 +28,13 @@ def test_a_batch_with_joins_finishes_and_preemptions_is_identical(speculative, p
 def test_drafts_are_accepted(speculative):
     assert speculative.metrics["vllm:spec_decode_num_drafts"] > 0
     assert speculative.acceptance > 0.1  # copies of the prompts' code: far above chance
+
+
+def test_an_unknown_option_stops_the_engine_naming_it(model_dir):
+    with pytest.raises(RuntimeError, match="specdec.vllm.Lookahead: unknown option 'ngram_size' in "
+                                           "additional_config\\['specdec'\\]; its options are"):
+        engine(model_dir, {"model": "specdec.vllm.Lookahead", "num_speculative_tokens": 4},
+               additional_config={"specdec": {"ngram_size": 3}})
 
 
 def _first_mismatch(a, b):

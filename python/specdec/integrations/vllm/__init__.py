@@ -6,9 +6,9 @@ safetensors. The public names are re-exported by :mod:`specdec.vllm`. See docs/i
 """
 
 from specdec.integrations.vllm.lookahead import Lookahead
-from specdec.integrations.vllm.medusa import export_medusa, lm_head_weight, medusa_speculative_config
+from specdec.integrations.vllm.medusa import export_medusa, lm_head_weight, medusa_engine_args
 from specdec.integrations.vllm.prompt_lookup import PromptLookup
 from specdec.integrations.vllm.version import TESTED_VLLM, check_vllm_version
 
 __all__ = ["TESTED_VLLM", "Lookahead", "PromptLookup", "check_vllm_version", "export_medusa", "lm_head_weight",
-           "medusa_speculative_config"]
+           "medusa_engine_args"]

@@ -22,8 +22,7 @@ Example (fresh heads on a tiny model; vLLM is not needed to export)::
 
     heads = specdec.MedusaHeads.load("heads/")          # from specdec train-medusa
     export_medusa(heads, "heads-vllm/", lm_head=lm_head_weight("path/to/target"))
-    LLM(model="path/to/target",
-        speculative_config=medusa_speculative_config("heads-vllm/", "path/to/target"))
+    LLM(model="path/to/target", **medusa_engine_args("heads-vllm/", "path/to/target"))
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["export_medusa", "lm_head_weight", "medusa_speculative_config"]
+__all__ = ["export_medusa", "lm_head_weight", "medusa_engine_args"]
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -108,11 +107,17 @@ def lm_head_weight(model_dir: str | os.PathLike[str]) -> Tensor:
     raise ValueError(f"specdec.vllm: {path} has neither lm_head.weight nor model.embed_tokens.weight")
 
 
-def medusa_speculative_config(heads_dir: str | os.PathLike[str], target: str | os.PathLike[str],
-                              num_speculative_tokens: int | None = None) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` for heads exported by :func:`export_medusa`, after checking
-    that they were made for the model in directory ``target`` (hidden size and vocabulary).
-    ``num_speculative_tokens`` defaults to the number of heads (each head drafts one token).
+def medusa_engine_args(heads_dir: str | os.PathLike[str], target: str | os.PathLike[str],
+                       num_speculative_tokens: int | None = None) -> dict[str, Any]:
+    """vLLM engine arguments (``LLM(model=target, **medusa_engine_args(...))``) that serve heads
+    exported by :func:`export_medusa`, after checking that they were made for the model in
+    directory ``target`` (hidden size and vocabulary).
+
+    ``speculative_config``: the ``medusa`` method over ``heads_dir``, ``num_speculative_tokens``
+    defaulting to the number of heads (each head drafts one token). With a ``token_map`` also
+    ``model_loader_extra_config={"enable_weights_track": False}``: vLLM 0.32's Medusa makes the
+    map a parameter while loading and does not report it loaded, so the loader's check of loaded
+    weights fails on every truncated-vocabulary checkpoint (the map itself loads fine).
 
     Raises ValueError, naming both sizes, for heads trained for another model.
     """
@@ -132,7 +137,11 @@ def medusa_speculative_config(heads_dir: str | os.PathLike[str], target: str | o
     k = heads if num_speculative_tokens is None else num_speculative_tokens
     if not 1 <= k <= heads:
         raise ValueError(f"specdec.vllm: num_speculative_tokens must be in 1..{heads} (one per head), got {k}")
-    return {"method": "medusa", "model": str(heads_dir), "num_speculative_tokens": k}
+    args: dict[str, Any] = {"speculative_config": {"method": "medusa", "model": str(heads_dir),
+                                                   "num_speculative_tokens": k}}
+    if heads_cfg["truncated_vocab_size"] < heads_cfg["vocab_size"]:
+        args["model_loader_extra_config"] = {"enable_weights_track": False}
+    return args
 
 
 def _shared_rows(heads: Any, lm_head: Tensor | None) -> Tensor:

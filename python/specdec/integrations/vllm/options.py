@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 __all__ = ["LookaheadOptions", "LookupOptions", "options_from"]
 
 CONFIG_KEY = "specdec"
-DEFAULT_DRAFT_TOKENS = 8  # when vLLM's num_speculative_tokens is not set
 
 
 @dataclass(frozen=True)
@@ -39,16 +38,17 @@ class LookupOptions:
     """Prompt lookup's options (specdec's defaults: the longest suffix of 3 down to 1 tokens,
     copied from its earliest occurrence, the original being edited).
 
-    ``num_speculative_tokens``: the most draft tokens per request and step (vLLM's field).
+    ``num_speculative_tokens``: the most draft tokens per request and step (vLLM's field,
+    which vLLM requires).
     ``adaptive``: each request proposes only as many tokens as its recent acceptance says pay
     (:class:`~specdec.integrations.vllm.lengths.DraftLength`); ``min_gain``: a draft token
     pays while its estimated chance of being accepted is at least this.
     ``max_model_len``, ``vocab_size``: the engine's, filled in from vLLM's model config.
     """
 
-    num_speculative_tokens: int = DEFAULT_DRAFT_TOKENS
-    max_model_len: int = 2048
-    vocab_size: int = 1
+    num_speculative_tokens: int
+    max_model_len: int
+    vocab_size: int
     min_ngram: int = 1
     max_ngram: int = 3
     earliest: bool = True
@@ -91,7 +91,7 @@ def options_from(vllm_config: Any, cls: type[_O], proposer: str) -> _O:
     spec = vllm_config.speculative_config
     model = vllm_config.model_config
     values: dict[str, Any] = {
-        "num_speculative_tokens": spec.num_speculative_tokens or DEFAULT_DRAFT_TOKENS,
+        "num_speculative_tokens": spec.num_speculative_tokens,  # vLLM requires it
         "max_model_len": model.max_model_len,
         "vocab_size": model.get_vocab_size(),
     }
