@@ -1,0 +1,270 @@
+"""vLLM without and with speculation, specdec's proposers and heads inside it, and specdec's own
+loop beside them: the project's code generation and code editing prompts, greedy, one request at
+a time (batch 1) and 8 at once (batch 8). One process per engine configuration (a fresh vLLM
+engine each, so no run inherits another's caches); every output is compared with vLLM plain's.
+
+Configurations: ``vllm_plain``; ``vllm_ngram`` (vLLM's own prompt lookup, 8 tokens, n-grams of
+2-4); ``specdec_prompt_lookup`` and ``specdec_lookahead`` (``specdec.vllm``'s proposers, 8
+tokens); ``specdec_medusa_in_vllm`` (with ``--medusa-heads``: heads from ``specdec
+train-medusa``, exported for vLLM); and with ``--standalone-python`` (the main environment's
+interpreter, transformers >= 5.24) ``standalone_one_token``, ``standalone_prompt_lookup`` and
+``standalone_medusa``: ``specdec.generate`` on the same token ids.
+
+Run it on an idle machine (figures under load are not figures), from the repository root:
+
+    LD_PRELOAD=$PWD/.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python bench/vllm_compare.py \\
+        --model qwen2.5-coder-0.5b --medusa-heads heads/ --standalone-python .venv/bin/python
+
+It writes ``results.json``, ``table.md`` and ``plot.png`` (with matplotlib) under ``--out``.
+``--smoke`` checks the script end to end in a few minutes (SmolLM2-135M, one prompt per set,
+8 tokens, eager engines): its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+BATCHES = (1, 8)
+DRAFT_TOKENS = 8
+VLLM_CONFIGS = ("vllm_plain", "vllm_ngram", "specdec_prompt_lookup", "specdec_lookahead")
+MEDUSA_CONFIGS = ("specdec_medusa_in_vllm",)
+STANDALONE_CONFIGS = ("standalone_one_token", "standalone_prompt_lookup")
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+
+
+@dataclass
+class Measure:
+    """One configuration on one prompt set at one batch size."""
+
+    config: str
+    prompts: str
+    batch: int
+    tokens: int
+    seconds: float
+    outputs: list[list[int]]
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def prompt_sets(smoke: bool) -> dict[str, list[str]]:
+    from specdec.cli.bench import EDITING_PROMPTS, GENERATION_PROMPTS
+
+    sets = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS}
+    return {name: prompts[:1] for name, prompts in sets.items()} if smoke else sets
+
+
+def token_ids(model_dir: str, prompts: list[str]) -> list[list[int]]:
+    """The prompts as the model's chat template writes a user turn (the same ids everywhere)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)) for p in prompts]
+
+
+def requests(ids: list[list[int]], batch: int) -> list[list[list[int]]]:
+    """Batch 1: each prompt alone; batch 8: the set's prompts repeated to 8, submitted together."""
+    return [[p] for p in ids] if batch == 1 else [[ids[i % len(ids)] for i in range(batch)]]
+
+
+# ---- workers: one engine configuration each, in its own process ------------------------------
+def vllm_worker(args: argparse.Namespace) -> list[Measure]:
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from specdec.vllm import medusa_engine_args
+
+    engine: dict[str, Any] = {}
+    spec = {"num_speculative_tokens": DRAFT_TOKENS}
+    if args.worker == "vllm_ngram":
+        engine["speculative_config"] = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4, **spec}
+    elif args.worker == "specdec_prompt_lookup":
+        engine["speculative_config"] = {"model": "specdec.vllm.PromptLookup", **spec}
+    elif args.worker == "specdec_lookahead":
+        engine["speculative_config"] = {"model": "specdec.vllm.Lookahead", **spec}
+    elif args.worker == "specdec_medusa_in_vllm":
+        engine.update(medusa_engine_args(args.exported_heads, args.model_dir))
+    llm = LLM(model=args.model_dir, dtype="float32", max_model_len=4096, enforce_eager=args.smoke,
+              disable_log_stats=False, seed=0, **engine)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=4), use_tqdm=False)
+    measures = []
+    for name, prompts in prompt_sets(args.smoke).items():
+        ids = token_ids(args.model_dir, prompts)
+        for batch in BATCHES:
+            before = counters(llm)
+            outputs, seconds = [], 0.0
+            for group in requests(ids, batch):
+                start = time.perf_counter()
+                done = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group], params, use_tqdm=False)
+                seconds += time.perf_counter() - start
+                outputs += [list(o.outputs[0].token_ids) for o in done]
+            after = counters(llm)
+            delta = [after[k] - before[k] for k in SPEC_COUNTERS]
+            measures.append(Measure(args.worker, name, batch, sum(map(len, outputs)), seconds, outputs, *delta))
+    return measures
+
+
+def counters(llm: Any) -> dict[str, float]:
+    values = {m.name: float(m.value) for m in llm.get_metrics() if hasattr(m, "value")}
+    return {k: values.get(k, 0.0) for k in SPEC_COUNTERS}
+
+
+def standalone_worker(args: argparse.Namespace) -> list[Measure]:
+    import torch
+
+    import specdec
+    from specdec import models
+
+    target, tok = models.load(args.model_dir)
+    target = specdec.accelerate_verification(target)
+    method = {"standalone_one_token": None, "standalone_prompt_lookup": specdec.PromptLookup()}.get(args.worker)
+    if args.worker == "standalone_medusa":
+        method = specdec.Medusa(specdec.MedusaHeads.load(args.medusa_heads).attach(target))
+    eos = tok.eos_token_id
+    warm = torch.tensor([[1, 2, 3]])
+    specdec.generate(target, warm, max_new_tokens=4, method=method)
+    measures = []
+    for name, prompts in prompt_sets(args.smoke).items():
+        ids = token_ids(args.model_dir, prompts)
+        for batch in BATCHES:
+            outputs, seconds = [], 0.0
+            for group in requests(ids, batch):
+                width = max(map(len, group))
+                padded = torch.tensor([[0] * (width - len(p)) + p for p in group])
+                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+                start = time.perf_counter()
+                out = specdec.generate(target, padded, attention_mask=mask, max_new_tokens=args.max_tokens,
+                                       method=method)
+                seconds += time.perf_counter() - start
+                outputs += [until_eos(row[width:].tolist(), eos) for row in out.sequences]
+            measures.append(Measure(args.worker, name, batch, sum(map(len, outputs)), seconds, outputs))
+    return measures
+
+
+def until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    """The tokens up to and including the first EOS (vLLM's output; specdec pads after it)."""
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+# ---- the parent: one process per configuration, then the table ---------------------------------
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        run = standalone_worker if args.worker.startswith("standalone") else vllm_worker
+        Path(args.result).write_text(json.dumps([asdict(m) for m in run(args)]))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    configs = [(c, sys.executable) for c in VLLM_CONFIGS]
+    if args.medusa_heads:
+        import specdec
+        from specdec.vllm import export_medusa, lm_head_weight
+
+        heads = specdec.MedusaHeads.load(args.medusa_heads)
+        export_medusa(heads, out / "medusa-vllm", lm_head=lm_head_weight(args.model_dir))
+        configs += [(c, sys.executable) for c in MEDUSA_CONFIGS]
+    if args.standalone_python:
+        standalone = list(STANDALONE_CONFIGS) + (["standalone_medusa"] if args.medusa_heads else [])
+        configs += [(c, args.standalone_python) for c in standalone]
+    measures: list[Measure] = []
+    for config, python in configs:
+        result = out / f"{config}.json"
+        command = [python, __file__, "--worker", config, "--result", str(result), "--model", args.model_dir,
+                   "--max-tokens", str(args.max_tokens), "--exported-heads", str(out / "medusa-vllm")]
+        command += ["--medusa-heads", args.medusa_heads] if args.medusa_heads else []
+        command += ["--smoke"] if args.smoke else []
+        print(f"[vllm_compare] {config} ...", flush=True)
+        started = time.perf_counter()
+        subprocess.run(command, check=True, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib})
+        print(f"[vllm_compare] {config}: {time.perf_counter() - started:.0f} s with the engine's start", flush=True)
+        measures += [Measure(**m) for m in json.loads(result.read_text())]
+    write(out, measures, args)
+
+
+def write(out: Path, measures: list[Measure], args: argparse.Namespace) -> None:
+    plain = {(m.prompts, m.batch): m for m in measures if m.config == "vllm_plain"}
+    rows = []
+    for m in measures:
+        base = plain[(m.prompts, m.batch)]
+        rows.append({"config": m.config, "prompts": m.prompts, "batch": m.batch, "tokens": m.tokens,
+                     "seconds": round(m.seconds, 3), "tokens_per_s": round(m.tokens_per_s, 2),
+                     "vs_vllm_plain": round(m.tokens_per_s / base.tokens_per_s, 3),
+                     "identical_to_vllm_plain": m.outputs == base.outputs,
+                     "acceptance": round(m.accepted / m.draft_tokens, 3) if m.draft_tokens else None,
+                     "accepted_per_draft": round(m.accepted / m.drafts, 2) if m.drafts else None})
+    meta = {"model": args.model_dir, "max_tokens": args.max_tokens, "smoke": args.smoke,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": os.uname().nodename,
+            "cpus": os.cpu_count()}
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    head = "| config | prompts | batch | tok/s | vs vLLM plain | acceptance | accepted per draft | identical |"
+    lines = [head, "|" + " --- |" * 8]
+    lines += [f"| {r['config']} | {r['prompts']} | {r['batch']} | {r['tokens_per_s']} | {r['vs_vllm_plain']}x | "
+              f"{r['acceptance'] if r['acceptance'] is not None else '-'} | "
+              f"{r['accepted_per_draft'] if r['accepted_per_draft'] is not None else '-'} | "
+              f"{'yes' if r['identical_to_vllm_plain'] else 'NO'} |" for r in rows]
+    (out / "table.md").write_text(f"{json.dumps(meta)}\n\n" + "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(out / "plot.png", rows)
+
+
+def plot(path: Path, rows: list[dict[str, Any]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[vllm_compare] no matplotlib: no plot (pip install 'specdec[bench]')")
+        return
+    groups = sorted({(r["prompts"], r["batch"]) for r in rows})
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    fig, ax = plt.subplots(figsize=(2.2 * len(groups) + 3, 4.5))
+    width = 0.8 / len(configs)
+    for i, config in enumerate(configs):
+        values = [next((r["tokens_per_s"] for r in rows if r["config"] == config
+                        and (r["prompts"], r["batch"]) == g), 0.0) for g in groups]
+        ax.bar([j + i * width for j in range(len(groups))], values, width, label=config)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], [f"{p}\nbatch {b}" for p, b in groups])
+    ax.set_ylabel("tokens/s (greedy)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen2.5-coder-0.5b", help="a specdec demo model's name or a model directory")
+    p.add_argument("--medusa-heads", help="heads from specdec train-medusa (exported for vLLM here)")
+    p.add_argument("--standalone-python", help="the main environment's python: specdec's own loop beside vLLM")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--kv-cache-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE of each engine")
+    p.add_argument("--out", default="bench/results/vllm_compare")
+    p.add_argument("--smoke", action="store_true", help="SmolLM2-135M, one prompt per set, 8 tokens, eager")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--exported-heads", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.smoke and not args.worker:
+        args.model, args.max_tokens = "smollm2-135m", 8
+    from specdec import models
+
+    args.model_dir = str(models.fetch(args.model)) if args.model in models.REGISTRY else args.model
+    return args
+
+
+if __name__ == "__main__":
+    main()
