@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("vllm")
 
 import specdec  # noqa: E402
-from conftest import MAX_TOKENS, Run, run  # noqa: E402
+from vllm_engines import MAX_TOKENS, Run, run  # noqa: E402
 from specdec import models  # noqa: E402
 from specdec.vllm import export_medusa, medusa_engine_args  # noqa: E402
 

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conftest import MAX_TOKENS, Run, engine, run  # noqa: E402
+from vllm_engines import MAX_TOKENS, Run, engine, run  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["PromptLookup", "Lookahead"])
