@@ -24,8 +24,10 @@ from pathlib import Path
 
 import torch
 from prepared import DTYPES, prepared_model
-from specdec.cache import SpecCache
-from specdec.tree_forward import prefill, tree_attention_enabled, tree_forward
+from specdec.model.cache import SpecCache
+from specdec.model.attention import tree_attention_enabled
+from specdec.model.forward import tree_forward
+from specdec.model.prefill import prefill
 
 
 @torch.inference_mode()

@@ -32,8 +32,9 @@ from pathlib import Path
 import specdec
 import torch
 from prepared import DTYPES
-from specdec.bench import EDITING_PROMPTS, GENERATION_PROMPTS
-from specdec.cli import _encode, load_models, pad_token_id
+from specdec.cli.bench import EDITING_PROMPTS, GENERATION_PROMPTS
+from specdec.cli.common import encode, load_models, pad_token_id
+from specdec import Batching
 
 CHAT_PROMPTS = ["What is the difference between a list and a tuple in Python?",
                 "Name three sorting algorithms and when to use each."]
@@ -60,7 +61,7 @@ def mixed_prompts(n: int, kinds: list[str]) -> list[str]:
 
 def batch(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ids and attention mask of the prompts as chat turns."""
-    rows = [_encode(tok, p, chat=True)[0] for p in prompts]
+    rows = [encode(tok, p, chat=True)[0] for p in prompts]
     S = max(len(r) for r in rows)
     pad = pad_token_id(tok)
     ids = torch.stack([torch.cat([torch.full((S - len(r),), pad), r]) for r in rows])
@@ -125,7 +126,7 @@ def main() -> None:
         reference = None
         for name, (make, kw) in methods.items():
             out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=N, method=make(), pad_token_id=pad,
-                                   max_batch_size=B if args.queue else None, **kw)
+                                   batching=Batching(max_batch_size=B if args.queue else None), **kw)
             st = out.stats
             reference = out.sequences if reference is None else reference
             rows.append({"batch": B, "method": name, "tokens": st.new_tokens, "seconds": st.wall_time_s,

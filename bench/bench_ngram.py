@@ -1,4 +1,4 @@
-"""CPU kernels of the n-gram ops vs their plain-Python reference (specdec.reference).
+"""CPU kernels of the n-gram ops vs their plain-Python reference (specdec.ops.reference).
 
 Run: ``python -m pytest bench/bench_ngram.py --benchmark-json bench/results/ngram.json`` (then
 ``python bench/report.py bench/results/ngram.json`` for the table); with ``--benchmark-disable``
@@ -13,7 +13,7 @@ n-grams per step and looking up one key per row.
 import pytest
 import torch
 
-import specdec.reference as ref
+import specdec.ops.reference as ref
 from specdec import ops
 
 IMPLS = {"kernel": ops, "reference": ref}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from support import drafts_from, random_parents, random_probs
 
-import specdec.reference as ref
+import specdec.ops.reference as ref
 from specdec import ops
 
 IMPLS = {"kernel": ops, "reference": ref}

@@ -32,15 +32,15 @@ OUTPUTS = Path(__file__).parent / "results" / "greedy_outputs_qwen2.5-coder-1.5b
 
 def record(path: Path, new_tokens: int) -> None:
     from specdec import accelerate_verification, models
-    from specdec.bench import EDITING_PROMPTS, GENERATION_PROMPTS
-    from specdec.cli import _encode
+    from specdec.cli.bench import EDITING_PROMPTS, GENERATION_PROMPTS
+    from specdec.cli.common import encode
 
     model, tok = models.load("qwen2.5-coder-1.5b", dtype=torch.float32)
     accelerate_verification(model)
     outputs = {}
     for name, prompts in (("editing", EDITING_PROMPTS), ("generation", GENERATION_PROMPTS)):
         for i, text in enumerate(prompts):
-            ids = _encode(tok, text, chat=True)
+            ids = encode(tok, text, chat=True)
             with torch.inference_mode():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                      max_new_tokens=new_tokens, temperature=None, top_k=None, top_p=None)

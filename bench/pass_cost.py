@@ -91,7 +91,7 @@ def main() -> None:
         "before_ms": {str(k): round(v, 2) for k, v in before.items()},
         "after_ms": {str(k): round(v, 2) for k, v in after.items()},
         "prepare_s": round(prepare_s, 2),
-        "memory_overhead_bytes": specdec.memory_overhead(model),
+        "memory_overhead_bytes": specdec.model.prepare.memory_overhead(model),
         "max_rel_logit_diff": max_rel,
         "probe_k": probe_k,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

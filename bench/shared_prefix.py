@@ -29,7 +29,8 @@ import specdec
 import torch
 from prepared import DTYPES, prepared_model
 from specdec import models
-from specdec.cli import pad_token_id
+from specdec.cli.common import pad_token_id
+from specdec import Batching
 
 SYSTEM_PROMPT = """You are a senior Python engineer reviewing and writing code for a team that \
 maintains a large data-processing service. Follow these rules in every answer.
@@ -162,7 +163,7 @@ def main() -> None:
     for make in methods.values():
         for share in (True, False):
             specdec.generate(model, ids[:2], attention_mask=mask[:2], max_new_tokens=2, method=make(),
-                             pad_token_id=pad, share_prefix=share)
+                             pad_token_id=pad, batching=Batching(share_prefix=share))
     timer.reset()
     # The reference: each row alone (B = 1), one token per pass.
     apart = [specdec.generate(model, r[None], max_new_tokens=N, pad_token_id=pad).sequences[0, len(r):]
@@ -171,7 +172,7 @@ def main() -> None:
     for name, make in methods.items():
         for share in (True, False):
             out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=N, method=make(),
-                                   pad_token_id=pad, share_prefix=share, max_batch_size=at_once)
+                                   pad_token_id=pad, batching=Batching(share_prefix=share, max_batch_size=at_once))
             st, passes = out.stats, timer.reset()
             S = ids.shape[1]
             same = all(torch.equal(out.sequences[b, S:S + len(a)], a) for b, a in enumerate(apart))

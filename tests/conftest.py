@@ -1,12 +1,9 @@
 import os
 
 import pytest
-import torch
+from support import DEVICES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-# Every op test runs on each device present: CPU here, CUDA too wherever a GPU exists.
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(params=DEVICES)

@@ -6,6 +6,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+# Every op test runs on each device present: CPU here, CUDA too wherever a GPU exists.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 
 def random_probs(*shape: int, gen: torch.Generator, sparsity: float = 0.3) -> torch.Tensor:
     """Peaked distributions over the last dim with some exact zeros (never an all-zero row)."""

@@ -21,7 +21,7 @@ from transformers import (
 )
 
 import specdec
-from specdec import PackedLinear, VerificationConfig, accelerate_verification, memory_overhead
+from specdec.model.prepare import PackedLinear, VerificationConfig, accelerate_verification, memory_overhead
 
 OFF_CPU = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
 KS = (1, 3, 16)

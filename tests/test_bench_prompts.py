@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specdec.bench import EDITING_PROMPTS, load_prompts
+from specdec.cli.bench import EDITING_PROMPTS, load_prompts
 
 
 def test_plain_text_one_prompt_per_line(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from support import assert_draws_match, drafts_from, random_probs
 
-import specdec.reference as ref
+import specdec.ops.reference as ref
 from specdec import ops
 
 INDEX_DTYPES = [torch.int64, torch.int32]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specdec import cli
+from specdec.cli import common
 
 
 def test_models_lists_the_named_models(capsys):
@@ -61,7 +62,7 @@ def test_bench_rejects_a_bad_prompt_file_before_loading_models(tmp_path, monkeyp
     def no_models(args):
         raise AssertionError("models loaded before the prompt file was checked")
 
-    monkeypatch.setattr(cli, "load_models", no_models)
+    monkeypatch.setattr(common, "load_models", no_models)
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "ok"}\n{"prompt": \n')
     with pytest.raises(SystemExit, match=r"--prompt-file: .*prompts\.jsonl:2: not valid JSON"):
@@ -98,7 +99,7 @@ def test_bad_lookahead_settings_exit_with_a_message_before_loading_models(monkey
     def no_models(args):
         raise AssertionError("models loaded before the lookahead settings were checked")
 
-    monkeypatch.setattr(cli, "load_models", no_models)
+    monkeypatch.setattr(common, "load_models", no_models)
     for flag, value, match in [("--window", "0", "window must be >= 1"), ("--ngram", "1", "ngram must be >= 2"),
                                ("--guess-set", "-1", "guess_set must be >= 0")]:
         with pytest.raises(SystemExit, match=f"specdec generate: Lookahead: {match}"):
@@ -106,7 +107,7 @@ def test_bad_lookahead_settings_exit_with_a_message_before_loading_models(monkey
 
 
 def test_bad_draft_tree_exits_before_loading_models(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_models", lambda args: pytest.fail("models loaded"))
+    monkeypatch.setattr(common, "load_models", lambda args: pytest.fail("models loaded"))
     with pytest.raises(SystemExit):
         cli.main(["generate", "--model", "smollm2-135m", "--draft", "x", "--draft-tree", "0", "--prompt", "x"])
     assert "--draft-tree: must be >= 1" in capsys.readouterr().err

@@ -6,9 +6,10 @@ import pytest
 import torch
 from test_decoders import PROMPTS, first_mismatch_note, hf_greedy, left_padded
 from test_finished_rows import EVERY_METHOD, early_eos, pass_rows
-from tiny_models import perturbed, tiny_lm
+from tiny_models import cyclic_lm, perturbed, tiny_lm
 
 import specdec
+from specdec import Batching, Method, Proposer
 
 MAX_NEW = 16
 # Rows that stop at different times: short and long outputs, repetitive and not.
@@ -18,7 +19,7 @@ QUEUE = PROMPTS + [[0, 7, 8, 7, 8, 7], [0, 50, 51], [0, 12, 13, 14, 12, 13, 14, 
 def run_queue(target, method, max_batch_size, **kw):
     ids, mask = left_padded(QUEUE)
     return specdec.generate(target, ids, max_new_tokens=MAX_NEW, method=method, attention_mask=mask,
-                            pad_token_id=2, max_batch_size=max_batch_size, pace=False, **kw)
+                            pad_token_id=2, batching=Batching(max_batch_size=max_batch_size, pace=False), **kw)
 
 
 @pytest.mark.parametrize("name", [None, *EVERY_METHOD])
@@ -80,7 +81,7 @@ def test_rows_that_start_together_share_their_prompt_prefix():
     systems = [[(7 * i) % 90 + 3 for i in range(80)], [(11 * i) % 90 + 5 for i in range(80)]]
     prompts = [systems[b >= 2] + [10 + b, 20 + b] for b in range(5)]
     ids = torch.tensor(prompts)
-    out = specdec.generate(target, ids, max_new_tokens=6, max_batch_size=2, pad_token_id=2, eos_token_id=[])
+    out = specdec.generate(target, ids, max_new_tokens=6, batching=Batching(max_batch_size=2), pad_token_id=2, eos_token_id=[])
     # Rows 0-1 start together; 2 and 3 (another system prompt) join when both stop (a token a
     # pass) and share theirs; then 4 alone, copying it from row 2 or 3 as they leave.
     assert [g.rows for g in out.stats.shared_prefixes] == [(0, 1), (2, 3)]
@@ -99,7 +100,7 @@ def test_joining_rows_copy_the_prompt_prefix_of_rows_leaving_as_they_join():
         hooks = [m.get_decoder().register_forward_pre_hook(
             lambda _, args, kwargs, m=m: passes[m].append(kwargs["input_ids"].shape[1]), with_kwargs=True)
             for m in passes]
-        out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=6, max_batch_size=2, pad_token_id=2,
+        out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=6, batching=Batching(max_batch_size=2), pad_token_id=2,
                                eos_token_id=[], method=method)
         for hook in hooks:
             hook.remove()
@@ -116,14 +117,14 @@ def test_joining_rows_copy_the_prompt_prefix_of_rows_leaving_as_they_join():
 def test_rows_that_stop_at_their_first_token_make_room_at_once():
     target = tiny_lm("llama", seed=2)
     ids, mask = left_padded(QUEUE)
-    out = specdec.generate(target, ids, max_new_tokens=1, attention_mask=mask, pad_token_id=2, max_batch_size=2,
+    out = specdec.generate(target, ids, max_new_tokens=1, attention_mask=mask, pad_token_id=2, batching=Batching(max_batch_size=2),
                            method=specdec.PromptLookup())
     for b, prompt in enumerate(QUEUE):
         assert out.sequences[b, -1].item() == hf_greedy(target, prompt, 1)[0]
     assert out.stats.target_forwards == len(QUEUE) // 2 + len(QUEUE) % 2  # prompt passes only
 
 
-class _Stays:
+class _Stays(Method, Proposer):
     """A method whose proposers can drop rows but not take new ones."""
 
     max_pass_tokens, models, needs_hidden_states = 1, (), False
@@ -145,13 +146,13 @@ def test_bad_arguments():
     target = tiny_lm("llama", seed=2)
     ids, mask = left_padded(QUEUE)
     with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
-        specdec.generate(target, ids, attention_mask=mask, max_batch_size=0)
+        specdec.generate(target, ids, attention_mask=mask, batching=Batching(max_batch_size=0))
     with pytest.raises(ValueError, match="drop_finished=True"):
-        specdec.generate(target, ids, attention_mask=mask, max_batch_size=2, drop_finished=False)
+        specdec.generate(target, ids, attention_mask=mask, batching=Batching(max_batch_size=2, drop_finished=False))
     with pytest.raises(ValueError, match="_Stays's do not"):
-        specdec.generate(target, ids, attention_mask=mask, max_batch_size=2, method=_Stays())
+        specdec.generate(target, ids, attention_mask=mask, batching=Batching(max_batch_size=2), method=_Stays())
     # As many rows at once as there are: nothing waits, nothing needs to join.
-    out = specdec.generate(target, ids, attention_mask=mask, max_batch_size=len(QUEUE), method=_Stays(),
+    out = specdec.generate(target, ids, attention_mask=mask, batching=Batching(max_batch_size=len(QUEUE)), method=_Stays(),
                            max_new_tokens=3, pad_token_id=2)
     assert out.sequences.shape == (len(QUEUE), ids.shape[1] + 3)
 
@@ -164,7 +165,7 @@ def test_a_joining_row_copies_the_prompt_prefix_of_a_row_in_the_batch():
     passes = []
     hook = target.get_decoder().register_forward_pre_hook(
         lambda _, args, kwargs: passes.append(kwargs["input_ids"].numel()), with_kwargs=True)
-    out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=8, max_batch_size=2, pad_token_id=2,
+    out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=8, batching=Batching(max_batch_size=2), pad_token_id=2,
                            eos_token_id=eos)
     hook.remove()
     # Rows 0 and 1 share the system prompt (computed once); row 2 joins while row 1 runs and
@@ -178,7 +179,7 @@ def test_a_joining_row_copies_the_prompt_prefix_of_a_row_in_the_batch():
 
 
 def test_a_joining_prompt_equal_to_one_in_the_batch_keeps_its_last_token_for_its_own_pass():
-    from specdec.tree_forward import prefix_donors
+    from specdec.model.prompt_plan import prefix_donors
 
     prompts = torch.tensor([[4, 5, 6, 7], [8, 9, 0, 0]])
     donor, length = prefix_donors(prompts, torch.tensor([4, 2]), prompts[:1], torch.tensor([4]))
@@ -188,18 +189,19 @@ def test_a_joining_prompt_equal_to_one_in_the_batch_keeps_its_last_token_for_its
     queue = [[0] + [5, 17, 33] * 7, [0] + [9, 61, 70, 71] * 5] * 2
     ids, mask = left_padded(queue)
     out = specdec.generate(target, ids, max_new_tokens=MAX_NEW, attention_mask=mask, pad_token_id=2,
-                           max_batch_size=3, eos_token_id=hf_greedy(target, queue[0], 6)[4])
+                           batching=Batching(max_batch_size=3), eos_token_id=hf_greedy(target, queue[0], 6)[4])
     assert torch.equal(out.sequences[2:], out.sequences[:2])
     assert out.stats.prefix_tokens_reused == len(queue[1]) - 1  # row 3 copies row 1's prompt
 
 
 
 def test_a_joining_rows_draft_copies_the_prefix_from_the_batchs_draft_cache():
-    from specdec.cost_model import CostModel
-    from specdec.decoders.draft import draft_proposer
-    from specdec.decoders.protocol import Context
-    from specdec.sampling import Sampling
-    from specdec.tree_forward import prefix_donors, tree_attention_enabled
+    from specdec.loop.cost_model import CostModel
+    from specdec.proposers.draft.proposer import draft_proposer
+    from specdec.loop.protocol import Context
+    from specdec.loop.sampling import Sampling
+    from specdec.model.attention import tree_attention_enabled
+    from specdec.model.prompt_plan import prefix_donors
 
     target = tiny_lm("qwen2", seed=4)
     draft = perturbed(target, 0.2, 1)
@@ -252,7 +254,7 @@ def test_a_queue_with_a_draft_copies_prefixes_for_the_draft_too():
     passes = []
     hook = draft.get_decoder().register_forward_pre_hook(
         lambda _, args, kwargs: passes.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
-    out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=8, max_batch_size=2, pad_token_id=2,
+    out = specdec.generate(target, torch.tensor(prompts), max_new_tokens=8, batching=Batching(max_batch_size=2), pad_token_id=2,
                            eos_token_id=eos, method=specdec.DraftModel(draft, 3))
     hook.remove()
     # The draft computes the system prompt once (rows 0 and 1 share it); row 2 copies it from
@@ -262,3 +264,31 @@ def test_a_queue_with_a_draft_copies_prefixes_for_the_draft_too():
     for b, prompt in enumerate(prompts):
         want = hf_greedy(target, prompt, 8, eos)
         assert out.sequences[b, 82: 82 + len(want)].tolist() == want
+
+
+def test_mean_accepted_length_counts_only_the_steps_a_row_took():
+    # The same prompt decoded alone, twice as a queue served one row at a time, and twice in a
+    # static batch: every row emits the same tokens in the same steps, so the tokens per pass
+    # are the same. Rows waiting in the queue, rows that left it, and stopped rows kept in a
+    # batch (drop_finished=False) take no step and must not count as one-token steps.
+    target = cyclic_lm()
+    prompt = [0, 12, 13, 14, 12, 13, 14, 12]
+    method = specdec.PromptLookup(adaptive=False)
+    alone = specdec.generate(target, torch.tensor([prompt]), max_new_tokens=MAX_NEW, method=method, batching=Batching(pace=False))
+    per_pass = alone.stats.mean_accepted_length
+    assert per_pass > 1.5  # the repetitive prompt is copied: several tokens per pass
+    twice = torch.tensor([prompt, prompt])
+    queue = specdec.generate(target, twice, max_new_tokens=MAX_NEW, method=method, batching=Batching(max_batch_size=1, pace=False))
+    assert queue.stats.mean_accepted_length == pytest.approx(per_pass)
+    assert sum(int(s.sum()) for s in queue.stats.stepped) == 2 * len(alone.stats.stepped)
+    # A static batch whose rows stop at different steps: its figure is the two rows' own, pooled.
+    other = specdec.generate(target, torch.tensor([prompt[:-1]]), max_new_tokens=MAX_NEW, method=method, batching=Batching(pace=False))
+    rows = (alone.stats, other.stats)
+    steps = sum(len(s.stepped) for s in rows)
+    assert len(alone.stats.stepped) != len(other.stats.stepped)
+    pooled = (sum(s.total_accepted for s in rows) + steps) / steps
+    short = torch.tensor([prompt, [2] + prompt[:-1]])
+    for drop in (True, False):
+        batch = specdec.generate(target, short, attention_mask=(short != 2).long(), max_new_tokens=MAX_NEW,
+                                 method=method, batching=Batching(pace=False, drop_finished=drop), pad_token_id=2)
+        assert batch.stats.mean_accepted_length == pytest.approx(pooled)

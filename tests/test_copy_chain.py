@@ -2,10 +2,10 @@
 
 import torch
 
-from specdec.cost_model import CostModel
-from specdec.decoders.copy_chain import ROW_PRIOR, CopyChain
-from specdec.decoders.protocol import Context
-from specdec.sampling import Sampling
+from specdec.loop.cost_model import CostModel
+from specdec.proposers.copy_chain import ROW_PRIOR, CopyChain
+from specdec.loop.protocol import Context
+from specdec.loop.sampling import Sampling
 
 # Four rows whose contexts repeat, so every row matches: what follows "1 2" is 3 4 5 6 ...
 TEXT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]

@@ -7,6 +7,7 @@ from tiny_models import perturbed, tiny_lm
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import specdec
+from specdec import Batching
 
 MAX_NEW = 24
 
@@ -43,7 +44,7 @@ def assert_greedy_identity(model, prompts, method, max_new=MAX_NEW, eos=None, pa
     B, S = len(prompts), max(len(p) for p in prompts)
     ids, mask = (t.to(model.device) for t in left_padded(prompts))
     out = specdec.generate(model, ids, max_new_tokens=max_new, method=method, attention_mask=mask,
-                           eos_token_id=eos, pad_token_id=2, pace=pace)
+                           eos_token_id=eos, pad_token_id=2, batching=Batching(pace=pace))
     assert out.sequences.shape == (B, S + max_new)
     assert torch.equal(out.sequences[:, :S], ids)
     for b, p in enumerate(prompts):
@@ -149,7 +150,7 @@ def test_sampling_follows_the_target_distribution(name):
     # even in a batch of 4000; not paced, so both tokens are verified against candidates.
     out = specdec.generate(target, prompt.expand(N, P), max_new_tokens=2, do_sample=True, **settings,
                            method=METHODS[name](draft), generator=gen, eos_token_id=[],
-                           pass_costs={1: 1.0}, pace=False)
+                           pass_costs={1: 1.0}, batching=Batching(pace=False))
     assert out.stats.total_proposed > N  # the method proposed, and its candidates were verified
     first, second = out.sequences[:, P], out.sequences[:, P + 1]
 
@@ -194,7 +195,7 @@ def test_reduced_draft_head_scores_the_lowest_ids():
 def test_draft_prepared_for_drafting_keeps_greedy_identity():
     target = tiny_lm("qwen2", seed=5)
     draft = specdec.accelerate_verification(perturbed(target, 0.05, 4), specdec.VerificationConfig.for_draft())
-    assert {m.min_rows for m in draft.modules() if isinstance(m, specdec.PackedLinear)} == {1}
+    assert {m.min_rows for m in draft.modules() if isinstance(m, specdec.model.prepare.PackedLinear)} == {1}
     method = specdec.DraftModel(draft, 4, adaptive=True, head_tokens=40)
     assert assert_greedy_identity(target, PROMPTS, method).stats.total_accepted > 0
 
@@ -232,7 +233,9 @@ def test_accelerated_model_with_tree_attention_and_speccache():
     reference = tiny_lm("llama", seed=8)
     specdec.accelerate_verification(target)
     assert_greedy_identity(target, PROMPTS, specdec.DraftModel(perturbed(reference, 0.03, 3), 5))
-    from specdec.tree_forward import prefill, tree_attention_enabled, tree_forward
+    from specdec.model.attention import tree_attention_enabled
+    from specdec.model.forward import tree_forward
+    from specdec.model.prefill import prefill
 
     tokens, parents = torch.tensor([[7, 8, 9, 10]]), torch.tensor([[-1, 0, 0, 1]])
     logits = []
@@ -260,7 +263,7 @@ def test_right_padded_batch_gives_the_same_tokens_as_left_padded():
 
 
 def test_two_chains_merge_into_one_tree():
-    from specdec.trees import merge_chains
+    from specdec.proposers.merge import merge_chains
 
     root = torch.tensor([[0], [0], [0]])
     a = torch.tensor([[5, 6, 7], [5, 6, -1], [-1, -1, -1]])
@@ -272,7 +275,7 @@ def test_two_chains_merge_into_one_tree():
 
 
 def test_a_third_chain_joins_the_branch_it_shares_a_prefix_with():
-    from specdec.trees import merge_chains
+    from specdec.proposers.merge import merge_chains
 
     chains = torch.tensor([[[5, 6, -1], [7, 8, 1], [7, 8, 2]]])
     tokens, parents = merge_chains(torch.tensor([[0]]), chains)
@@ -282,9 +285,9 @@ def test_a_third_chain_joins_the_branch_it_shares_a_prefix_with():
 
 
 def test_prompt_lookup_proposes_the_copy_after_a_substituted_token():
-    from specdec.cost_model import CostModel
-    from specdec.decoders.base import Context
-    from specdec.sampling import Sampling
+    from specdec.loop.cost_model import CostModel
+    from specdec.loop.protocol import Context
+    from specdec.loop.sampling import Sampling
 
     # "1 2 3 4 5 6 7 8" was copied as "1 2 9": after the changed token the copy goes on "4 5".
     text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 9]

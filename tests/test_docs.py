@@ -7,10 +7,10 @@ import pytest
 import torch
 
 MODULES = [
-    "specdec", "specdec.ops", "specdec.ngram_pool", "specdec.cache", "specdec.tree_forward",
-    "specdec.sampling", "specdec.cost_model", "specdec.models", "specdec.accelerate",
-    "specdec.random_streams", "specdec.hf_integration", "specdec.decoders.base", "specdec.trees",
-    "specdec.decoders.draft_tree",
+    "specdec", "specdec.ops.verification", "specdec.ops.ngram", "specdec.ops.attention", "specdec.ops.kv_cache", "specdec.ops.ngram_pool", "specdec.model.cache", "specdec.model.forward", "specdec.model.prefill", "specdec.model.prompt_plan",
+    "specdec.loop.sampling", "specdec.loop.cost_model", "specdec.models", "specdec.model.prepare",
+    "specdec.loop.random_streams", "specdec.integrations.hf", "specdec.loop.generate", "specdec.proposers.medusa.trees", "specdec.proposers.merge",
+    "specdec.proposers.draft.tree",
 ]
 
 

@@ -13,12 +13,14 @@ from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
 from tiny_models import perturbed, tiny_lm
 
 import specdec
-from specdec.cache import SpecCache
-from specdec.cost_model import CostModel
-from specdec.decoders.draft_tree import grow, select
-from specdec.decoders.protocol import Context
-from specdec.sampling import Sampling
-from specdec.tree_forward import enable_tree_attention, prefill, tree_forward
+from specdec.model.cache import SpecCache
+from specdec.loop.cost_model import CostModel
+from specdec.proposers.draft.tree import grow, select
+from specdec.loop.protocol import Context
+from specdec.loop.sampling import Sampling
+from specdec.model.attention import enable_tree_attention
+from specdec.model.forward import tree_forward
+from specdec.model.prefill import prefill
 
 
 def fake_logp(path: tuple[int, ...], vocab: int) -> torch.Tensor:

@@ -17,10 +17,10 @@ from test_medusa import oracle_setup, random_heads
 from tiny_models import perturbed, tiny_lm
 
 import specdec
-from specdec.decoders import Proposal, StepResult
-from specdec.cost_model import EXPLORE_EVERY
-from specdec.decoders.ensemble import MIN_SAMPLES, member_steps, merge_proposals
-from specdec.trees import merge_paths
+from specdec import Method, Proposal, Proposer, StepResult
+from specdec.loop.cost_model import EXPLORE_EVERY
+from specdec.proposers.ensemble import MIN_SAMPLES, member_steps, merge_proposals
+from specdec.proposers.merge import merge_paths
 
 
 def paths_of(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
@@ -103,7 +103,7 @@ def test_member_steps_are_each_members_own_view():
 
 
 @dataclass
-class Recording:
+class Recording(Method, Proposer):
     """Any method, its steps recorded as its proposer sees them."""
 
     inner: object

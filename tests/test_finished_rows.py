@@ -8,6 +8,7 @@ from test_medusa import CHOICES, random_heads
 from tiny_models import cyclic_lm, perturbed, tiny_lm
 
 import specdec
+from specdec import Batching
 
 MAX_NEW = 24
 EVERY_METHOD = {**METHODS, "medusa": lambda draft: specdec.Medusa(random_heads(draft), tree=CHOICES),
@@ -53,7 +54,7 @@ def test_kept_rows_are_what_hf_batched_generate_computes():
     ids, mask = left_padded(PROMPTS)
     rows, hook = pass_rows(target)
     kept = specdec.generate(target, ids, max_new_tokens=MAX_NEW, attention_mask=mask, eos_token_id=eos,
-                            pad_token_id=2, drop_finished=False)
+                            pad_token_id=2, batching=Batching(drop_finished=False))
     hook.remove()
     assert set(rows) == {len(PROMPTS)}
     dropped = specdec.generate(target, ids, max_new_tokens=MAX_NEW, attention_mask=mask, eos_token_id=eos,
@@ -71,7 +72,7 @@ def test_kept_rows_that_accepted_past_the_end_still_fit():
     out = assert_greedy_identity(target, PROMPTS, method, max_new=40)
     ids, mask = left_padded(PROMPTS)
     kept = specdec.generate(target, ids, max_new_tokens=40, attention_mask=mask, pad_token_id=2,
-                            drop_finished=False, method=method, pace=False)
+                            batching=Batching(drop_finished=False, pace=False), method=method)
     assert torch.equal(kept.sequences, out.sequences)
 
 
@@ -85,7 +86,7 @@ def test_seeded_sampling_is_the_same_whether_rows_leave_or_not(name):
         method = METHODS[name](perturbed(target, 0.2, 1))
         runs.append(specdec.generate(target, ids, max_new_tokens=MAX_NEW, attention_mask=mask, do_sample=True,
                                      temperature=0.9, method=method, eos_token_id=[3, 7, 11], pad_token_id=2,
-                                     generator=torch.Generator().manual_seed(5), pace=False, drop_finished=drop))
+                                     generator=torch.Generator().manual_seed(5), batching=Batching(pace=False, drop_finished=drop)))
     assert runs[0].stats.new_tokens_per_row.min() < MAX_NEW
     assert torch.equal(runs[0].sequences, runs[1].sequences)
 

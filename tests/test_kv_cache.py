@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICES
+from support import DEVICES
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from specdec import ops, reference
+from specdec import ops
+from specdec.ops import reference
 
 
 def make_caches(L, B, H, S, D, dtype, device, seed=0):

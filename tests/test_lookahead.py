@@ -12,13 +12,13 @@ from test_verify_loop import visible_forward
 from tiny_models import cyclic_lm, tiny_lm
 
 import specdec
-from specdec.cost_model import CostModel
-from specdec.decoders import Context, Proposal, StepResult
-from specdec.sampling import Sampling
+from specdec.loop.cost_model import CostModel
+from specdec import Context, Method, Proposal, Proposer, StepResult
+from specdec.loop.sampling import Sampling
 
 
 @dataclass
-class Recorder:
+class Recorder(Method, Proposer):
     """A Lookahead whose steps are recorded: the committed tokens of every row when the step was
     proposed, the proposal, and the logits of the pass."""
 
@@ -171,7 +171,7 @@ def test_adaptive_sizes_follow_the_pass_costs_and_the_hits():
 
     def sizes(ms):
         ctx = Context(torch.zeros(1, 8, dtype=torch.long), torch.tensor([8]), torch.tensor([False]),
-                      None, None, specdec.cost_model.CostModel(ms))
+                      None, None, specdec.loop.cost_model.CostModel(ms))
         return proposer._sizes(ctx, 0)
 
     # Flat costs (a GPU): every guess and the whole window.

@@ -110,9 +110,9 @@ def test_bad_input():
 def test_auto_tree_without_accuracies_uses_the_prior_and_the_costs():
     # Heads without a held-out table (a FasterDecoding checkpoint): the prior table; flat costs
     # (a GPU) grow the tree to max_nodes, steep ones (a CPU's fp32 passes) keep it small.
-    from specdec.decoders.protocol import Context
-    from specdec.cost_model import CostModel
-    from specdec.sampling import Sampling
+    from specdec.loop.protocol import Context
+    from specdec.loop.cost_model import CostModel
+    from specdec.loop.sampling import Sampling
 
     target = tiny_lm("llama", seed=35)
     method = specdec.Medusa(random_heads(target), max_nodes=12)

@@ -13,13 +13,13 @@ from tiny_models import tiny_lm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec
-import specdec.medusa_heads
-from specdec.accelerate import PackedLinear
-from specdec.medusa_heads import MedusaConfig, MedusaHeads
+import specdec.proposers.medusa.heads
+from specdec.model.prepare import PackedLinear
+from specdec.proposers.medusa.heads import MedusaConfig, MedusaHeads
 
 
 def test_docstring_examples():
-    result = doctest.testmod(specdec.medusa_heads, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(specdec.proposers.medusa.heads, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 
 

@@ -9,10 +9,10 @@ import torch
 from tiny_models import tiny_lm
 
 import specdec
-import specdec.medusa_train as medusa_train
+import specdec.training.medusa as medusa_train
 from specdec import cli
-from specdec.medusa_heads import MedusaHeads
-from specdec.medusa_train import Chunk, Features, TrainConfig, build_chunks, extract_features, head_targets
+from specdec.proposers.medusa.heads import MedusaHeads
+from specdec.training.medusa import Chunk, Features, TrainConfig, build_chunks, extract_features, head_targets
 
 
 class CharTokenizer:

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec
-import specdec.reference as ref
+import specdec.ops.reference as ref
 from specdec import ops
 
 INDEX_DTYPES = [torch.int64, torch.int32]
@@ -242,7 +242,7 @@ def test_pool_keeps_the_most_recent_distinct_continuations(device, data):
 
 
 def test_ngram_pool_class(device):
-    pool = specdec.NGramPool(batch=3, vocab=50, n=3, g=2, device=device, capacity=8, dtype=torch.int32)
+    pool = specdec.ops.NGramPool(batch=3, vocab=50, n=3, g=2, device=device, capacity=8, dtype=torch.int32)
     assert pool.nbytes == (3 * 50 + 3 * 8 * 4 + 3) * 4
     tokens = torch.tensor([[1, 2, 3, 1, 2, 4], [5, 6, 7, 8, 9, 10], [1, 2, 3, -1, -1, -1]], device=device)
     pool.insert(tokens.unfold(1, 3, 1))  # int64 n-grams into an int32 pool
@@ -258,7 +258,7 @@ def test_ngram_pool_class(device):
     pool.reset()
     assert (pool.head == -1).all() and (pool.cursor == 0).all()
     with pytest.raises(ValueError, match="n >= 2"):
-        specdec.NGramPool(1, 10, 1, 2)
+        specdec.ops.NGramPool(1, 10, 1, 2)
 
 
 # ---- op contracts: opcheck, torch.compile, bad input -------------------------------------------

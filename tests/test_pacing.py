@@ -2,7 +2,7 @@
 
 import torch
 
-from specdec.decoders.pacing import Pacing, laggard
+from specdec.loop.pacing import Pacing, laggard
 
 
 def run(pacing: Pacing, steps: int, speculative, one_token_ms: float = 1.0,

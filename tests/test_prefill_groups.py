@@ -7,9 +7,11 @@ from test_decoders import METHODS, hf_greedy, left_padded
 from tiny_models import perturbed, tiny_lm
 
 import specdec
-from specdec.cache import SpecCache
-from specdec.tree_forward import (PASS_TOKENS, enable_tree_attention, length_groups, prefill, prefix_offsets,
-                                  shared_prefixes)
+from specdec.model.cache import SpecCache
+from specdec.model.attention import enable_tree_attention
+from specdec.model.prefill import prefill_pass
+from specdec.model.prompt_plan import length_groups, PASS_TOKENS, prefix_offsets, shared_prefixes
+from specdec import Batching
 
 
 def partitions(items: list[int]):
@@ -63,8 +65,8 @@ def test_prefill_in_groups_fills_the_cache_as_one_pass(family, system, device):
     rests = lengths - prefix_offsets(shared, len(prompts), device)
     assert len(length_groups(rests, 16)) > 1  # the long and the short prompts apart
     caches = [SpecCache.for_model(model, len(prompts), ids.shape[1] + 4) for _ in range(2)]
-    grouped = prefill(model, caches[0], ids, lengths, return_hidden=True, shared=shared, pass_tokens=16)
-    one = prefill(model, caches[1], ids, lengths, return_hidden=True, shared=shared)
+    grouped = prefill_pass(model, caches[0], ids, lengths, return_hidden=True, shared=shared, pass_tokens=16)
+    one = prefill_pass(model, caches[1], ids, lengths, return_hidden=True, shared=shared)
     for a, b in zip(grouped, one):  # logits and hidden states, every row in its place
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert torch.equal(caches[0].lengths, lengths) and torch.equal(caches[1].lengths, lengths)
@@ -88,7 +90,7 @@ def test_generate_prefills_short_prompts_apart_from_long_ones(name):
         for m in models]
     method = None if name is None else METHODS[name](draft)
     out = specdec.generate(target, ids, max_new_tokens=12, method=method, attention_mask=mask, pad_token_id=2,
-                           pace=False)
+                           batching=Batching(pace=False))
     for h in hooks:
         h.remove()
     assert 150 + 140 + 2 * PASS_TOKENS < 4 * 150  # two passes cost less than padding every row to 150

@@ -7,8 +7,11 @@ from test_decoders import METHODS, hf_greedy, left_padded
 from tiny_models import perturbed, tiny_lm
 
 import specdec
-from specdec.cache import SpecCache
-from specdec.tree_forward import PASS_TOKENS, SharedPrefix, enable_tree_attention, prefill, shared_prefixes
+from specdec.model.cache import SpecCache
+from specdec.model.attention import enable_tree_attention
+from specdec.model.prefill import prefill, prefill_pass
+from specdec.model.prompt_plan import PASS_TOKENS, shared_prefixes, SharedPrefix
+from specdec import Batching
 
 SYSTEM = [0, *range(20, 60)]  # 41 tokens every row starts with
 QUESTIONS = [[5, 17, 33, 5, 17], [40], [9, 9, 9, 61, 70, 71, 72, 9], [3, 4]]
@@ -52,8 +55,8 @@ def test_prefill_with_a_shared_prefix_fills_the_cache_as_a_full_prefill(family, 
     assert groups == (SharedPrefix((0, 1, 2, 3), len(SYSTEM)),)
     shared = len(SYSTEM)
     caches = [SpecCache.for_model(model, len(prompts), S + 4) for _ in range(2)]
-    with_sharing = prefill(model, caches[0], ids, lengths, shared=groups, return_hidden=True)
-    without = prefill(model, caches[1], ids, lengths, return_hidden=True)
+    with_sharing = prefill_pass(model, caches[0], ids, lengths, shared=groups, return_hidden=True)
+    without = prefill_pass(model, caches[1], ids, lengths, return_hidden=True)
     for a, b in zip(with_sharing, without):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert torch.equal(caches[0].lengths, caches[1].lengths)
@@ -73,7 +76,7 @@ def test_greedy_output_is_that_of_the_rows_run_apart(name):
     ids, mask = left_padded(prompts)
     method = None if name is None else METHODS[name](draft)
     out = specdec.generate(target, ids, max_new_tokens=16, method=method, attention_mask=mask,
-                           pad_token_id=2, pace=False)
+                           pad_token_id=2, batching=Batching(pace=False))
     assert out.stats.shared_prefixes == (SharedPrefix((0, 1, 2, 3), len(SYSTEM)),)
     for b, p in enumerate(prompts):
         want = hf_greedy(target, p, 16)
@@ -91,7 +94,7 @@ def test_the_draft_computes_the_prefix_once_too():
         hook = draft_model.get_decoder().register_forward_pre_hook(
             lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
         outs.append(specdec.generate(target, ids, max_new_tokens=12, method=specdec.DraftModel(draft_model, 3),
-                                     attention_mask=mask, pad_token_id=2, pace=False, share_prefix=share))
+                                     attention_mask=mask, pad_token_id=2, batching=Batching(pace=False, share_prefix=share)))
         hook.remove()
         passes.append(shapes)
     assert [len(o.stats.shared_prefixes) for o in outs] == [1, 0]
@@ -152,7 +155,7 @@ def test_the_prompts_pass_is_priced_by_the_rows_own_tokens():
     for share, tokens in ((True, shared), (False, ids.numel())):
         method = CostsAtStart()
         specdec.generate(target, ids, max_new_tokens=2, method=method, attention_mask=mask, pad_token_id=2,
-                         share_prefix=share)
+                         batching=Batching(share_prefix=share))
         assert list(method.costs_at_start) == [tokens]
 
 
@@ -168,7 +171,7 @@ def test_two_system_prompts_each_computed_once():
     hook = draft_model.get_decoder().register_forward_pre_hook(
         lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
     out = specdec.generate(target, ids, max_new_tokens=12, method=specdec.DraftModel(draft_model, 3),
-                           attention_mask=mask, pad_token_id=2, pace=False)
+                           attention_mask=mask, pad_token_id=2, batching=Batching(pace=False))
     hook.remove()
     assert out.stats.shared_prefixes == (SharedPrefix((0, 2, 4), len(SYSTEM)), SharedPrefix((1, 3, 5), len(other)))
     assert shapes[:2] == [(1, len(SYSTEM)), (1, len(other))] and shapes[2][0] == 6
@@ -184,7 +187,7 @@ def test_a_row_in_no_group():
     prompts = [SYSTEM + q for q in QUESTIONS[:3]] + [list(range(60, 95))]
     ids, mask = left_padded(prompts)
     out = specdec.generate(target, ids, max_new_tokens=6, attention_mask=mask,
-                           pad_token_id=2, pace=False)
+                           pad_token_id=2, batching=Batching(pace=False))
     assert out.stats.shared_prefixes == (SharedPrefix((0, 1, 2), len(SYSTEM)),)
     for b, p in enumerate(prompts):
         want = hf_greedy(target, p, 6)

@@ -11,8 +11,10 @@ from test_tree_forward import path_to
 from tiny_models import perturbed, tiny_lm
 
 import specdec
-from specdec.cache import SpecCache
-from specdec.tree_forward import SDPA_MIN_CHAIN, prefill, tree_attention_enabled, tree_forward
+from specdec.model.cache import SpecCache
+from specdec.model.attention import tree_attention_enabled
+from specdec.model.forward import SDPA_MIN_CHAIN, tree_forward
+from specdec.model.prefill import prefill
 
 DTYPES = [torch.float32, torch.bfloat16]
 SIZES = (1, 2, 3, 4, 8, 17, 64)

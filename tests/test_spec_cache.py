@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICES
+from support import DEVICES
 
 transformers = pytest.importorskip("transformers")
 
-from specdec.cache import SpecCache  # noqa: E402
-from specdec.tree_forward import enable_tree_attention, prefill, tree_forward  # noqa: E402
+from specdec.model.cache import SpecCache  # noqa: E402
+from specdec.model.attention import enable_tree_attention
+from specdec.model.forward import tree_forward
+from specdec.model.prefill import prefill
 
 
 def tiny_llama():

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES
+from support import DEVICES
 from torch._subclasses.fake_tensor import FakeTensorMode
 from support import random_parents
 
-from specdec import ops, reference
+from specdec import ops
+from specdec.ops import reference
 
 
 def sdpa_tree(q, k, v, prefix_len, tree_mask, scale=None):

@@ -7,13 +7,15 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import DEVICES
+from support import DEVICES
 from support import random_parents
 
 transformers = pytest.importorskip("transformers")
 
-from specdec.cache import SpecCache  # noqa: E402
-from specdec.tree_forward import enable_tree_attention, prefill, tree_forward  # noqa: E402
+from specdec.model.cache import SpecCache  # noqa: E402
+from specdec.model.attention import enable_tree_attention
+from specdec.model.forward import forward_pass, tree_forward
+from specdec.model.prefill import prefill
 
 SMALL = dict(
     vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -123,7 +125,8 @@ def packed_and_rectangular(model, device, widths, gen, hidden=False):
             for b, n in enumerate(lens.tolist()):
                 layer.keys[b, :, n:] = 7.0
         with torch.no_grad():
-            out = tree_forward(model, cache, tree, parents, widths=w, return_hidden=hidden)
+            out = forward_pass(model, cache, tree, parents, widths=w, return_hidden=hidden)
+            out = out if hidden else out.logits
         runs.append((out, cache))
     return runs
 

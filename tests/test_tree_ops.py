@@ -4,7 +4,7 @@ import pytest
 import torch
 from support import assert_draws_match, random_parents, random_probs
 
-import specdec.reference as ref
+import specdec.ops.reference as ref
 from specdec import TypicalAcceptance, ops
 
 INDEX_DTYPES = [torch.int64, torch.int32]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specdec import ops
-from specdec.cost_model import CostModel
-from specdec.trees import StaticTree, auto_choices, dynamic_tree
+from specdec.loop.cost_model import CostModel
+from specdec.proposers.medusa.trees import auto_choices, dynamic_tree, StaticTree
 
 
 def node_paths(parents: list[int], ranks: list[int]) -> list[tuple[int, ...]]:

@@ -10,7 +10,7 @@ from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy, left_padde
 from tiny_models import perturbed, tiny_lm
 
 import specdec
-from specdec.decoders import Context, Proposal, StepResult
+from specdec import Context, Method, Proposal, Proposer, StepResult
 
 
 def visible_forward(model, committed: list[int], nodes: list[int], positions: list[int],
@@ -24,7 +24,7 @@ def visible_forward(model, committed: list[int], nodes: list[int], positions: li
 
 
 @dataclass
-class ProbeMethod:
+class ProbeMethod(Method, Proposer):
     """Proposes root -> two wrong candidates, plus two nodes that are NOT candidates: node 3
     holds the target's true next token (it would be accepted if it were verified), sees only the
     root and itself, and sits at the root's position + 1; node 4 sees the root, node 3 and
@@ -86,7 +86,7 @@ def test_custom_mask_positions_and_nodes_that_are_not_verified():
 
 
 @dataclass
-class HiddenProbe:
+class HiddenProbe(Method, Proposer):
     """A chain of the target's own greedy tokens; records the hidden states it is handed."""
 
     target: torch.nn.Module
@@ -125,7 +125,7 @@ def test_hidden_states_are_the_models_own_last_layer():
 
 
 @dataclass
-class Padded:
+class Padded(Method, Proposer):
     """PromptLookup's proposals padded with 20 trailing -1 nodes."""
 
     inner: specdec.PromptLookup
@@ -159,7 +159,7 @@ def test_trailing_padding_is_not_computed_on_cpu():
 
 
 @dataclass
-class FirstRowChains:
+class FirstRowChains(Method, Proposer):
     """Proposes three wrong candidates for row 0 and nothing for the other rows; records the
     width of every pass as run and which rows had stopped."""
 
@@ -192,7 +192,7 @@ def test_rows_that_stopped_propose_nothing():
 
 
 def test_a_batch_prices_a_pass_by_all_its_tokens():
-    from specdec.cost_model import AcceptanceEstimate, CostModel
+    from specdec.loop.cost_model import AcceptanceEstimate, CostModel
 
     profile = {1: 50.0, 2: 51.0, 4: 53.0, 8: 60.0, 16: 110.0, 32: 220.0}  # one row over k tokens
     likely = AcceptanceEstimate(prior=0.6)
@@ -205,7 +205,7 @@ def test_a_batch_prices_a_pass_by_all_its_tokens():
 
 
 def test_costs_known_only_for_wide_passes_do_not_keep_passes_wide():
-    from specdec.cost_model import AcceptanceEstimate, CostModel
+    from specdec.loop.cost_model import AcceptanceEstimate, CostModel
 
     # Only a 33-token pass measured so far: narrower passes are priced by their tokens (then
     # tried and measured), not as dear as the wide one, which would pick the widest forever.
@@ -215,7 +215,7 @@ def test_costs_known_only_for_wide_passes_do_not_keep_passes_wide():
 
 
 def test_passes_wider_than_any_measured_follow_the_trend():
-    from specdec.cost_model import CostModel
+    from specdec.loop.cost_model import CostModel
 
     # On a CPU costs keep rising past the widest profiled pass (15 ms per token from 16 to 32
     # here): nodes added to a long copy, or a batch's rows x nodes, are not free.
@@ -278,7 +278,8 @@ def test_typical_acceptance_is_lossy_and_accepts_more():
 
 def test_long_prompts_with_a_prefix_and_ragged_rows():
     # Chains of 16+ tokens go through fused SDPA: a first chunk, then a second after it.
-    from specdec.tree_forward import prefill, tree_attention_enabled
+    from specdec.model.attention import tree_attention_enabled
+    from specdec.model.prefill import prefill
 
     target = tiny_lm("qwen2", seed=16)
     gen = torch.Generator().manual_seed(0)
@@ -342,7 +343,7 @@ def test_a_batch_falls_back_to_one_token_passes_while_they_are_faster():
 
 
 def test_slow_spells_do_not_take_a_width_out_of_use():
-    from specdec.cost_model import OUTLIER, AcceptanceEstimate, CostModel
+    from specdec.loop.cost_model import OUTLIER, AcceptanceEstimate, CostModel
 
     # Estimates seen after one slow spell of the VM (ms; profile 59-60 up to 4 tokens).
     profile = {1: 59.0, 2: 59.0, 4: 59.0, 8: 73.0, 16: 109.0, 32: 152.0}

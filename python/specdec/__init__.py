@@ -15,43 +15,37 @@ from importlib.metadata import PackageNotFoundError, version
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from specdec import _C, models, ops
-from specdec.accelerate import (
-    PackedLinear,
-    VerificationConfig,
-    accelerate_verification,
-    memory_overhead,
-    profile_passes,
-)
-from specdec.ngram_pool import NGramPool
+from specdec.model.prepare import VerificationConfig, accelerate_verification, profile_passes
 from specdec.ops import TypicalAcceptance
 
-# Names served by modules that import transformers, loaded when first used.
+# Names served by modules that import transformers (or are seldom needed), loaded when first used.
 _LAZY = {
-    "generate": "specdec.decoders",
-    "DraftModel": "specdec.decoders",
-    "PromptLookup": "specdec.decoders",
-    "Medusa": "specdec.decoders",
-    "Lookahead": "specdec.decoders",
-    "Ensemble": "specdec.decoders",
-    "GenerateOutput": "specdec.decoders",
-    "Proposal": "specdec.decoders",
-    "StepResult": "specdec.decoders",
-    "Context": "specdec.decoders",
-    "SpecCache": "specdec.cache",
-    "hf_generate": "specdec.hf_integration",
-    "MedusaHeads": "specdec.medusa_heads",
-    "train_medusa": "specdec.medusa_train",
+    "generate": "specdec.loop.generate",
+    "Batching": "specdec.loop.options",
+    "GenerateOutput": "specdec.loop.stats",
+    "GenerateStats": "specdec.loop.stats",
+    "Method": "specdec.loop.protocol",
+    "Proposer": "specdec.loop.protocol",
+    "Proposal": "specdec.loop.protocol",
+    "StepResult": "specdec.loop.protocol",
+    "Context": "specdec.loop.protocol",
+    "DraftModel": "specdec.proposers.draft.proposer",
+    "PromptLookup": "specdec.proposers.prompt_lookup",
+    "Lookahead": "specdec.proposers.lookahead",
+    "Medusa": "specdec.proposers.medusa.proposer",
+    "Ensemble": "specdec.proposers.ensemble",
+    "MedusaHeads": "specdec.proposers.medusa.heads",
+    "train_medusa": "specdec.training.medusa",
+    "hf_generate": "specdec.integrations.hf",
+    "SpecCache": "specdec.model.cache",
 }
 
 __all__ = [
     "BuildInfo",
-    "NGramPool",
-    "PackedLinear",
     "TypicalAcceptance",
     "VerificationConfig",
     "accelerate_verification",
     "build_info",
-    "memory_overhead",
     "models",
     "ops",
     "profile_passes",

@@ -1,0 +1,3 @@
+from specdec.cli.commands import main
+
+main()

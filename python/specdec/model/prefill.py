@@ -1,0 +1,164 @@
+"""Prefill: prompts run through the model and committed to a SpecCache, in length groups and
+after shared prefixes computed once, or copied from another cache's rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from specdec.model.cache import SpecCache
+from specdec.model.forward import PassOutput, forward_pass
+from specdec.model.prompt_plan import PASS_TOKENS, SharedPrefix, length_groups, prefix_offsets
+
+
+def prefill(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor | None = None,
+            head: Callable[[Tensor], Tensor] | None = None, *, shared: Sequence[SharedPrefix] = (),
+            pass_tokens: int = 0, cached: Tensor | None = None) -> Tensor:
+    """The logits of :func:`prefill_pass` (the same arguments; no hidden states): ``[B, V]``."""
+    return prefill_pass(model, cache, tokens, lengths, head, shared=shared, pass_tokens=pass_tokens,
+                        cached=cached).logits
+
+
+@torch.no_grad()
+def prefill_pass(
+    model: PreTrainedModel,
+    cache: SpecCache,
+    tokens: Tensor,
+    lengths: Tensor | None = None,
+    head: Callable[[Tensor], Tensor] | None = None,
+    return_hidden: bool = False,
+    shared: Sequence[SharedPrefix] = (),
+    pass_tokens: int = 0,
+    cached: Tensor | None = None,
+) -> PassOutput:
+    """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
+    commits them; returns ``PassOutput``: the logits after every prompt's last token, ``[B, V]``
+    (and with ``return_hidden`` the final hidden state there, ``[B, H]``).
+
+    Args:
+        model, cache, head, return_hidden: as in :func:`tree_forward`.
+        tokens: ``[B, N]`` prompts, right-padded with any token id.
+        lengths: ``[B]`` prompt lengths (default: all N).
+        shared: prompt prefixes that several rows have in common (a system prompt; see
+            :func:`shared_prefixes`), with an empty cache: each is computed once, in a one-row
+            pass, copied into its rows (:meth:`SpecCache.copy_row`), and only the rest of each
+            prompt runs batched. A row's last prompt token must come after its shared prefix.
+        pass_tokens: what one more pass costs, in prompt tokens (`PASS_TOKENS`); > 0: rows of
+            very different lengths run in separate passes (`length_groups`), so that short
+            prompts are not padded to the longest, wherever that spares more padding than the
+            extra passes cost. 0: one pass over every row.
+        cached: ``[B]``, the cache already holds the first ``cached[b]`` tokens of row b's
+            prompt (copied from another cache, `SpecCache.copy_row`; its length set to them):
+            only the rest of each prompt runs, as after a shared prefix.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> from specdec.model.attention import enable_tree_attention
+        >>> from specdec.model.prompt_plan import prefix_donors, shared_prefixes
+        >>> _ = torch.manual_seed(0)
+        >>> cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        ...                   num_hidden_layers=2, intermediate_size=64, vocab_size=50)
+        >>> model = LlamaForCausalLM(cfg).eval()
+        >>> enable_tree_attention(model)
+        >>> prompts = torch.tensor([[1, 2, 3, 4, 5], [7, 8, 9, 9, 0], [1, 2, 3, 9, 0]])
+        >>> lengths = torch.tensor([5, 4, 4])
+        >>> groups = shared_prefixes(prompts, lengths)
+        >>> groups                                   # rows 0 and 2 start with 1, 2, 3
+        (SharedPrefix(rows=(0, 2), length=3),)
+        >>> once, apart = (SpecCache(cfg, batch_size=3, max_length=8) for _ in range(2))
+        >>> shared_logits = prefill(model, once, prompts, lengths, shared=groups)
+        >>> torch.allclose(shared_logits, prefill(model, apart, prompts, lengths), atol=1e-5)
+        True
+    """
+    B, N = tokens.shape
+    if lengths is None:
+        lengths = torch.full((B,), N, dtype=torch.int64, device=tokens.device)
+    if shared and cached is not None:
+        raise ValueError("specdec.prefill: shared and cached cannot be combined")
+    offsets = prefix_offsets(shared, B, tokens.device) if shared else cached
+    if offsets is not None and bool((offsets >= lengths).any()):
+        raise ValueError("specdec.prefill: a shared prefix (or a cached one) must end before its row's prompt does")
+    for group in shared:
+        n = group.length
+        one = SpecCache(model.config, 1, n, cache.layers[0].keys.dtype, cache.lengths.device)
+        first = tokens[group.rows[0], :n][None]
+        forward_pass(model, one, first, keep=torch.tensor([n - 1], device=tokens.device), head=head)
+        one.advance(torch.tensor([n]))
+        cache.copy_row(one, torch.tensor(group.rows, device=cache.lengths.device))
+    if offsets is not None:
+        # Each row's rest, moved to the front (right-padded again).
+        columns = torch.arange(N, device=tokens.device)
+        tokens = torch.gather(tokens, 1, (offsets[:, None] + columns).clamp_max(N - 1))
+        lengths = lengths - offsets
+        N = int(lengths.max())
+        tokens = tokens[:, :N]
+    groups = length_groups(lengths, pass_tokens) if pass_tokens else [None]
+    if len(groups) == 1:
+        return _prefill_rows(model, cache, tokens, lengths, head, return_hidden)
+    outs = []
+    for rows in groups:  # each group in a cache of its rows, copied back into theirs
+        rows = rows.to(tokens.device)
+        n = int(lengths[rows].max())
+        part = cache.rows_of(rows, int(cache.lengths[rows].max()) + n)
+        outs.append(_prefill_rows(model, part, tokens[rows, :n], lengths[rows], head, return_hidden))
+        cache.copy_row(part, rows)
+    order = torch.cat(groups).to(tokens.device).argsort()  # back to the rows' own order
+    hidden = torch.cat([o.hidden for o in outs])[order] if return_hidden else None
+    return PassOutput(torch.cat([o.logits for o in outs])[order], hidden)
+
+
+@torch.no_grad()
+def prefill_from(model: PreTrainedModel, cache: SpecCache, source: SpecCache, donor: Tensor, reused: Tensor,
+                 tokens: Tensor, lengths: Tensor, head: Callable[[Tensor], Tensor] | None = None,
+                 return_hidden: bool = False) -> PassOutput:
+    """`prefill_pass` of right-padded prompts ``tokens [k, N]`` (``lengths``) into the empty ``cache``,
+    the first ``reused[j]`` entries of row j copied from row ``donor[j]`` of ``source`` (-1: none;
+    `prefix_donors` finds them) and only the rest computed, in passes grouped by length.
+
+    Example (the second prompt starts as row 1 of a batch already prefilled):
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> from specdec.model.attention import enable_tree_attention
+        >>> from specdec.model.prompt_plan import prefix_donors, shared_prefixes
+        >>> _ = torch.manual_seed(0)
+        >>> cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        ...                   num_hidden_layers=2, intermediate_size=64, vocab_size=50)
+        >>> model = LlamaForCausalLM(cfg).eval()
+        >>> enable_tree_attention(model)
+        >>> running = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+        >>> batch = SpecCache(cfg, batch_size=2, max_length=16)
+        >>> _ = prefill(model, batch, running)
+        >>> joining = torch.tensor([[9, 9, 0], [5, 6, 7]])
+        >>> donor, reused = prefix_donors(joining, torch.tensor([2, 3]), running, torch.tensor([4, 4]))
+        >>> donor.tolist(), reused.tolist()
+        ([-1, 1], [0, 2])
+        >>> copied, computed = (SpecCache(cfg, batch_size=2, max_length=16) for _ in range(2))
+        >>> logits = prefill_from(model, copied, batch, donor, reused, joining, torch.tensor([2, 3])).logits
+        >>> torch.allclose(logits, prefill(model, computed, joining, torch.tensor([2, 3])), atol=1e-5)
+        True
+    """
+    device = tokens.device
+    rows = (donor >= 0).nonzero()[:, 0].to(device)
+    if rows.numel():
+        part = source.rows_of(donor[donor >= 0].to(device), min(source.max_length, cache.max_length))
+        cache.copy_row(part, rows)
+    reused = reused.to(device)
+    cache.lengths.copy_(reused)
+    return prefill_pass(model, cache, tokens, lengths, head=head, return_hidden=return_hidden,
+                        pass_tokens=PASS_TOKENS, cached=reused)
+
+
+def _prefill_rows(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor,
+                  head: Callable[[Tensor], Tensor] | None, return_hidden: bool) -> PassOutput:
+    """One pass over right-padded ``tokens [B, N]`` (``lengths [B]``), committed; the logits
+    (and hidden states) after each row's last token."""
+    B = tokens.shape[0]
+    last = (lengths.to(torch.int64) - 1).clamp_min(0).to(tokens.device)
+    # The LM head runs only where some row's prompt ends, not over every prompt token.
+    columns = torch.unique(last)
+    out = forward_pass(model, cache, tokens, keep=columns, head=head, return_hidden=return_hidden)
+    cache.advance(lengths)
+    rows, cols = torch.arange(B, device=tokens.device), torch.searchsorted(columns, last)
+    return PassOutput(out.logits[rows, cols], None if out.hidden is None else out.hidden[rows, cols])

@@ -1,0 +1,135 @@
+"""Medusa: heads on the target's last hidden state propose a token tree, verified in one pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
+from specdec.proposers.medusa.heads import MedusaHeads
+from specdec.proposers.medusa.trees import auto_choices, dynamic_tree, StaticTree
+
+# Without measured pass costs, "auto" trees stay this small on CPU, where a pass grows with
+# its width (docs/verification.md); on a GPU a pass over dozens of tokens costs about one.
+UNPROFILED_CPU_NODES = 16
+
+
+@dataclass
+class Medusa(Method):
+    """Propose a tree of the Medusa heads' top candidates: head k's top-ranked tokens at depth k
+    below the root (the token the target just chose). The heads read the target's final hidden
+    state at the last accepted node, which the verify loop hands over from the same pass.
+
+    ``tree``: ``"auto"`` (default) picks the tree from the heads' held-out per-rank accuracies
+    (``prior_rank_accuracy`` for heads without them) and the target's pass costs
+    (``generate(..., pass_costs=specdec.profile_passes(model))``; without a profile, at most
+    ``UNPROFILED_CPU_NODES`` nodes on CPU); a list of Medusa choices
+    (paths of head ranks, e.g. ``[(0,), (0, 0), (1,)]``) is used as given; ``"dynamic"``
+    expands each step by cumulative head log-probability up to ``max_nodes`` nodes.
+
+    Example (``heads`` from ``specdec.train_medusa`` or ``specdec.MedusaHeads.load``)::
+
+        out = specdec.generate(model, input_ids, method=specdec.Medusa(heads))
+    """
+
+    heads: MedusaHeads
+    tree: str | Sequence[Sequence[int]] = "auto"
+    max_nodes: int = 64
+    top_k: int = 10
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tree, str) and self.tree not in ("auto", "dynamic"):
+            raise ValueError(f"Medusa: tree must be 'auto', 'dynamic' or a list of choices, got {self.tree!r}")
+        if self.max_nodes < 1 or self.top_k < 1:
+            raise ValueError(f"Medusa: max_nodes and top_k must be >= 1, got {self.max_nodes}, {self.top_k}")
+        if not isinstance(self.tree, str):
+            self.tree = StaticTree.from_choices(self.tree)  # validates the paths now
+
+    @property
+    def max_pass_tokens(self) -> int:
+        if isinstance(self.tree, StaticTree):
+            return len(self.tree.parents)
+        return 1 + self.max_nodes
+
+    @property
+    def needs_hidden_states(self) -> bool:
+        return True
+
+    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
+              first: StepResult):
+        self.heads.attach(target)
+        tree = self.tree
+        if tree == "auto":
+            tree = StaticTree.from_choices(self._auto_choices(ctx))
+        rows, device = ctx.tokens.shape[0], ctx.tokens.device
+        proposer = _MedusaProposer(self, tree.to(device) if isinstance(tree, StaticTree) else None, rows)
+        proposer.read(first.hidden[:, 0])
+        return proposer
+
+    def _auto_choices(self, ctx: Context) -> list[tuple[int, ...]]:
+        accuracy = self.heads.rank_accuracy
+        if accuracy is None:  # e.g. a FasterDecoding/Medusa checkpoint: no held-out table
+            accuracy = prior_rank_accuracy(self.heads.config.num_heads, self.top_k)
+        nodes = self.max_nodes
+        if not ctx.costs.target_ms and ctx.tokens.device.type == "cpu":
+            nodes = min(nodes, UNPROFILED_CPU_NODES)
+        accuracy = torch.as_tensor(accuracy, dtype=torch.float64)[:, : self.top_k]
+        return auto_choices(accuracy, ctx.costs.target, max_nodes=nodes)
+
+
+def prior_rank_accuracy(num_heads: int, ranks: int) -> Tensor:
+    """A stand-in per-rank accuracy table for heads that come without one: head k's rank-0
+    candidate right half the time, 0.6x less per later head, and each rank 0.3x the one
+    before (the shape of Medusa-1 heads' tables: ours in docs/benchmarks.md, 0.31/0.20/0.14)."""
+    k = torch.arange(num_heads, dtype=torch.float64)[:, None]
+    r = torch.arange(ranks, dtype=torch.float64)[None]
+    return 0.5 * 0.6**k * 0.3**r
+
+
+class _MedusaProposer(Proposer):
+    def __init__(self, method: Medusa, tree: StaticTree | None, rows: int) -> None:
+        self.method, self.tree = method, tree
+        self.k = method.top_k if tree is None else tree.max_rank + 1
+        # A static tree's parents are the same every step: made once per call.
+        self.parents = None if tree is None else tree.parents_for(rows, tree.parents.device)
+        self.hidden: Tensor | None = None    # [B, H] the hidden state they were read from
+        self.ids: Tensor | None = None       # [B, K, k] the heads' candidates for the next step
+        self.logprobs: Tensor | None = None  # [B, K, k]
+
+    def read(self, hidden: Tensor) -> None:
+        """The heads' candidates from the target's final hidden state ``[B, H]`` at the node
+        whose token the target chose last (the new root's predecessor)."""
+        self.hidden = hidden
+        self.ids, self.logprobs = self.method.heads.topk(hidden, self.k)
+
+    def propose(self, ctx: Context) -> Proposal:
+        root = ctx.roots()
+        if self.tree is not None:
+            proposal = Proposal(self.tree.tokens(root[:, 0], self.ids), self.parents)
+            # Nodes are ordered by depth, so any first nodes form a tree.
+            return proposal.narrowed(1 + ctx.node_budget(proposal.width - 1))
+        budget = ctx.node_budget(self.method.max_nodes)
+        tokens, parents = dynamic_tree(self.logprobs, self.ids, max(budget, 1))  # at least one node
+        tokens[:, 0] = root[:, 0]
+        return Proposal(tokens, parents).narrowed(1 + budget)
+
+    def update(self, ctx: Context, step: StepResult) -> None:
+        self.read(step.hidden_at_last())
+
+    def keep_rows(self, rows: Tensor) -> None:
+        self.hidden, self.ids, self.logprobs = self.hidden[rows], self.ids[rows], self.logprobs[rows]
+        if self.parents is not None:
+            self.parents = self.parents[rows]
+
+    def join(self, other: _MedusaProposer) -> None:
+        """Appends ``other``'s rows: the heads' candidates read from their prompts' last hidden
+        states for this batch's tree (an automatic tree is sized per batch, so theirs may
+        differ)."""
+        ids, logprobs = self.method.heads.topk(other.hidden, self.k)
+        self.hidden = torch.cat([self.hidden, other.hidden])
+        self.ids, self.logprobs = torch.cat([self.ids, ids]), torch.cat([self.logprobs, logprobs])
+        if self.tree is not None:
+            self.parents = self.tree.parents_for(self.ids.shape[0], self.tree.parents.device)

@@ -1,0 +1,1 @@
+"""Training on CPU, self-distilled from the target: Medusa heads (``medusa``)."""
