@@ -40,7 +40,7 @@ CHAT_PROMPTS = ["What is the difference between a list and a tuple in Python?",
                 "Name three sorting algorithms and when to use each."]
 # Each takes the draft model (``--draft``; None without it).
 METHODS = {"prompt_lookup": lambda draft: specdec.PromptLookup(), "lookahead": lambda draft: specdec.Lookahead(),
-           "draft": lambda draft: specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True, head_tokens=65536)}
+           "draft": lambda draft: specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=65536)}
 KEPT = {"drop_finished": False}
 
 

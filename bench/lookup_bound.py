@@ -31,12 +31,12 @@ OUTPUTS = Path(__file__).parent / "results" / "greedy_outputs_qwen2.5-coder-1.5b
 
 
 def record(path: Path, new_tokens: int) -> None:
-    from specdec import accelerate_verification, models
+    from specdec import pack_linear_layers, models
     from specdec.cli.bench import EDITING_PROMPTS, GENERATION_PROMPTS
     from specdec.cli.common import encode
 
     model, tok = models.load("qwen2.5-coder-1.5b", dtype=torch.float32)
-    accelerate_verification(model)
+    pack_linear_layers(model)
     outputs = {}
     for name, prompts in (("editing", EDITING_PROMPTS), ("generation", GENERATION_PROMPTS)):
         for i, text in enumerate(prompts):

@@ -1,4 +1,4 @@
-"""Cost of one target pass over k tokens, before and after ``specdec.accelerate_verification``.
+"""Cost of one target pass over k tokens, before and after ``specdec.pack_linear_layers``.
 
 Loads a model (a named demo model, a path or an HF id), measures ``specdec.profile_passes`` on
 the plain model, prepares it, checks that its logits did not change (fp32: 1e-5 relative to the
@@ -70,7 +70,7 @@ def main() -> None:
     reference = _probe_logits(model, probe_k, args.prefix_len)
     before = specdec.profile_passes(model, ks, prefix_len=args.prefix_len, repeats=args.repeats)
     start = time.perf_counter()
-    specdec.accelerate_verification(model)
+    specdec.pack_linear_layers(model)
     prepare_s = time.perf_counter() - start
     max_rel = (
         (_probe_logits(model, probe_k, args.prefix_len) - reference).abs().max()

@@ -43,5 +43,5 @@ def prepared_model(args: argparse.Namespace):
         model, tok = random_model(args.model, dtype, device), None
     else:
         model, tok = models.load(args.model, dtype=dtype, device=device)
-    specdec.accelerate_verification(model)  # CPU only: elsewhere the model is left as it is
+    specdec.pack_linear_layers(model)  # CPU only: elsewhere the model is left as it is
     return model, tok

@@ -150,12 +150,12 @@ def main() -> None:
     args = parser.parse_args()
     model, tok = prepared_model(args)
     draft = models.load(args.draft, dtype=DTYPES[args.draft_dtype])[0]
-    specdec.accelerate_verification(draft)
+    specdec.pack_linear_layers(draft)
     timer = PassTimer(draft)
     pad = pad_token_id(tok)
     methods = {"one_token": lambda: None,
                "draft": lambda: specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True,
-                                                   head_tokens=args.draft_head_tokens or None)}
+                                                   draft_vocab_size=args.draft_head_tokens or None)}
     ids, mask, own = batch(tok, args.queue or args.rows, args.system_prompts, numbered=bool(args.queue))
     at_once = args.rows if args.queue else None
     N = args.new_tokens

@@ -15,7 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from specdec import _C, models, ops
-from specdec.model.prepare import VerificationConfig, accelerate_verification, profile_passes
+from specdec.model.prepare import (PackingConfig, VerificationConfig, accelerate_verification, pack_linear_layers,
+                                   profile_passes)
 from specdec.ops import TypicalAcceptance
 
 # Names served by modules that import transformers (or are seldom needed), loaded when first used.
@@ -43,8 +44,10 @@ _LAZY = {
 __all__ = [
     "BuildInfo",
     "TypicalAcceptance",
+    "PackingConfig",
     "VerificationConfig",
     "accelerate_verification",
+    "pack_linear_layers",
     "build_info",
     "models",
     "ops",

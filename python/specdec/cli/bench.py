@@ -210,7 +210,7 @@ def main(args: argparse.Namespace) -> None:
         from specdec import models
 
         other = models.load(args.model, dtype=DTYPES[args.plain_dtype])[0]
-        others[f"plain_{args.plain_dtype}"] = other if args.no_accelerate else specdec.accelerate_verification(other)
+        others[f"plain_{args.plain_dtype}"] = other if args.no_accelerate else specdec.pack_linear_layers(other)
     costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16, 32))
     pad = pad_token_id(tok)
     # One short unmeasured run of every method first: the first passes of a process pay for
@@ -236,19 +236,19 @@ def main(args: argparse.Namespace) -> None:
         hf["hf_assisted"] = dict(assistant_model=draft)
         # Chains drafted token by token (lookup=0), then taking copies (the default for one row).
         ours["specdec_draft"] = (specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True, lookup=0), {})
-        head = args.draft_head_tokens or None  # 0: the full head
+        head = args.draft_vocab_size or None  # 0: the full head
         if head:
             ours[f"specdec_draft_head{head}"] = (specdec.DraftModel(
-                draft, num_draft_tokens=8, adaptive=True, head_tokens=head, lookup=0), {})
+                draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, lookup=0), {})
         for k in args.draft_trees:
             ours[f"specdec_draft_tree{k}"] = (specdec.DraftModel(
-                draft, num_draft_tokens=8, adaptive=True, head_tokens=head, tree=k), {})
+                draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, tree=k), {})
         ours["specdec_draft_lookup"] = (specdec.DraftModel(
-            draft, num_draft_tokens=8, adaptive=True, head_tokens=head, lookup=8), {})
+            draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, lookup=8), {})
         # Prompt lookup's candidates first, the draft where they do not pay (the reduced head if
         # asked, taking copies as specdec_draft_lookup does).
         ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(
-            draft, num_draft_tokens=8, adaptive=True, head_tokens=head, lookup=8)), {})
+            draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, lookup=8)), {})
     if args.methods:
         unknown = set(args.methods) - {"plain", *hf, *ours, *others}
         if unknown:

@@ -21,22 +21,20 @@ def _method(args: argparse.Namespace, target, tokenizer, draft):
     prompt lookup, lookahead, Medusa, draft model); None without any."""
     import specdec
 
-    def cap(name: str) -> dict:  # --num-draft-tokens, as each method calls its limit
-        return {} if args.num_draft_tokens is None else {name: args.num_draft_tokens}
+    cap = {} if args.max_draft_tokens is None else {"max_draft_tokens": args.max_draft_tokens}
 
     members = []
     if args.prompt_lookup:
-        members.append(specdec.PromptLookup(**cap("max_draft_tokens")))
+        members.append(specdec.PromptLookup(**cap))
     if args.lookahead:
         members.append(specdec.Lookahead(window=args.window, ngram=args.ngram, guess_set=args.guess_set,
-                                         **cap("copy_tokens")))
+                                         **cap))
     if args.medusa:
         members.append(specdec.Medusa(medusa_heads(args, target, tokenizer), tree=args.medusa_tree,
-                                      **cap("max_nodes")))
+                                      **cap))
     if draft is not None:
-        members.append(specdec.DraftModel(draft, adaptive=True, head_tokens=args.draft_head_tokens,
-                                          tree=args.draft_tree, lookup=args.draft_lookup,
-                                          **cap("max_draft_tokens")))
+        members.append(specdec.DraftModel(draft, draft_vocab_size=args.draft_vocab_size, tree=args.draft_tree,
+                                          lookup=args.draft_lookup, **cap))
     if len(members) > 1:
         return specdec.Ensemble(*members)
     return members[0] if members else None
@@ -173,11 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-file")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--num-draft-tokens", type=int, default=None,
-                   help="most candidates per step (the adaptive methods choose up to this many; "
-                        "default: the method's own cap)")
-    g.add_argument("--draft-head-tokens", type=int, default=None,
-                   help="the draft scores only token ids below N (DraftModel(head_tokens=N))")
+    g.add_argument("--max-draft-tokens", "--num-draft-tokens", dest="max_draft_tokens", type=int, default=None,
+                   help="most candidates per step, every method (max_draft_tokens; the adaptive methods "
+                        "choose up to this many; default: the method's own)")
+    g.add_argument("--draft-vocab-size", "--draft-head-tokens", dest="draft_vocab_size", type=int, default=None,
+                   help="the draft scores only token ids below N (DraftModel(draft_vocab_size=N))")
     g.add_argument("--draft-dtype", choices=DTYPES, default=None,
                    help="the draft's dtype (default: --dtype); the output stays the target's")
     g.add_argument("--draft-tree", type=_branches, default=1, metavar="K",
@@ -210,12 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "acceptance at these posterior thresholds, and exact sampling, at --typical-temperature")
     b.add_argument("--typical-temperature", type=float, default=0.7)
     b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--draft-head-tokens", type=int, default=65536,
-                   help="also run DraftModel(head_tokens=N); 0 leaves that run out")
+    b.add_argument("--draft-vocab-size", "--draft-head-tokens", dest="draft_vocab_size", type=int, default=65536,
+                   help="also run DraftModel(draft_vocab_size=N); 0 leaves that run out")
     b.add_argument("--draft-dtype", choices=DTYPES, default=None,
                    help="the draft's dtype, for ours and HF assisted alike (default: --dtype)")
     b.add_argument("--draft-trees", type=lambda v: [_branches(x) for x in v.split(",")], default=[],
-                   metavar="K[,K...]", help="also DraftModel(tree=K) for each K (with --draft-head-tokens)")
+                   metavar="K[,K...]", help="also DraftModel(tree=K) for each K (with --draft-vocab-size)")
     b.add_argument("--plain-dtype", choices=DTYPES, default=None,
                    help="also HF plain generate with the target in this dtype (e.g. float32 next to "
                         "a bfloat16 run), prepared alike")

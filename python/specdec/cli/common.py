@@ -52,9 +52,9 @@ def load_models(args: argparse.Namespace):
     draft_dtype = DTYPES[args.draft_dtype or args.dtype]
     draft = models.load(args.draft, dtype=draft_dtype)[0] if args.draft else None
     if not args.no_accelerate:
-        specdec.accelerate_verification(target)
+        specdec.pack_linear_layers(target)
         if draft is not None:
-            specdec.accelerate_verification(draft, specdec.VerificationConfig.for_draft())
+            specdec.pack_linear_layers(draft, specdec.PackingConfig.for_draft())
     return target, tokenizer, draft
 
 

@@ -3,7 +3,7 @@
 Speculative decoding pays only when a target pass over k proposed tokens costs little more than
 a pass over one. On CPU in float32 it does not, out of the box: for k >= 2 ``F.linear`` runs a
 GEMM that re-packs the whole weight matrix on every call, so a pass over 2 tokens can cost 2-3
-one-token passes. :func:`accelerate_verification` packs every ``nn.Linear`` weight ONCE into
+one-token passes. :func:`pack_linear_layers` packs every ``nn.Linear`` weight ONCE into
 oneDNN's blocked layout (through torch's own ``torch.ops.mkldnn`` ops) and swaps the module for
 a :class:`PackedLinear` that multiplies with it. The packed layout serves every k, and on the
 machines measured it was not slower than the plain path even for k = 1, so the packed copy
@@ -25,10 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdec.renamed import warn_renamed
+
 __all__ = [
     "PackedLinear",
+    "PackingConfig",
     "VerificationConfig",
     "accelerate_verification",
+    "pack_linear_layers",
     "dense_weight",
     "memory_overhead",
     "profile_passes",
@@ -36,8 +40,8 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class VerificationConfig:
-    """How :func:`accelerate_verification` packs weights.
+class PackingConfig:
+    """How :func:`pack_linear_layers` packs weights.
 
     ``batch_hint`` is the number of rows oneDNN chooses the blocked layout for; any layout serves
     every number of rows correctly, the hint only tunes speed (16 measured best over k = 2..64).
@@ -64,14 +68,14 @@ class VerificationConfig:
 
     def __post_init__(self) -> None:
         if self.min_rows < 1:
-            raise ValueError(f"VerificationConfig: min_rows must be >= 1, got {self.min_rows}")
+            raise ValueError(f"PackingConfig: min_rows must be >= 1, got {self.min_rows}")
 
     @classmethod
-    def for_draft(cls) -> VerificationConfig:
+    def for_draft(cls) -> PackingConfig:
         """The configuration for a model that only proposes tokens (a draft): no padding.
 
         Example:
-            >>> VerificationConfig.for_draft().min_rows
+            >>> PackingConfig.for_draft().min_rows
             1
         """
         return cls(min_rows=1)
@@ -85,7 +89,7 @@ class PackedLinear(nn.Module):
     ``bias`` stays the original parameter. ``extra_bytes`` is the memory it adds: the packed copy
     when the plain weight stays in memory (used by another module, ``shared``), else only what
     the layout pads. Inputs of fewer than ``min_rows`` rows are padded with zero rows (see
-    :class:`VerificationConfig`).
+    :class:`PackingConfig`).
 
     Example:
         >>> lin = nn.Linear(8, 4)
@@ -141,8 +145,8 @@ def dense_weight(linear: nn.Module) -> Tensor:
     raise ValueError(f"expected a linear layer (nn.Linear or PackedLinear), not {type(linear).__name__}")
 
 
-def accelerate_verification(
-    model: nn.Module, config: VerificationConfig | None = None
+def pack_linear_layers(
+    model: nn.Module, config: PackingConfig | None = None
 ) -> nn.Module:
     """Prepare a CPU model so passes over many tokens run its linear layers on packed weights.
 
@@ -159,13 +163,13 @@ def accelerate_verification(
         >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
         >>> x = torch.randn(3, 8)
         >>> before = model(x)
-        >>> model = accelerate_verification(model)
+        >>> model = pack_linear_layers(model)
         >>> type(model[0]).__name__
         'PackedLinear'
         >>> torch.allclose(model(x), before, rtol=1e-5, atol=1e-6)
         True
     """
-    config = config or VerificationConfig()
+    config = config or PackingConfig()
     if not torch.backends.mkldnn.is_available():
         return model
     dtypes = set(config.dtypes)
@@ -216,7 +220,7 @@ def _own_memory(model: nn.Module) -> None:
 
 
 def memory_overhead(model: nn.Module) -> int:
-    """Bytes that :func:`accelerate_verification` added to ``model``.
+    """Bytes that :func:`pack_linear_layers` added to ``model``.
 
     0 when no plain weight stays in memory beside its packed copy and the layers' sizes are
     multiples of oneDNN's blocks (on AVX2: 64 outputs, 16 inputs; real models' are), else what
@@ -226,7 +230,7 @@ def memory_overhead(model: nn.Module) -> int:
         >>> emb = nn.Embedding(64, 64)
         >>> model = nn.ModuleDict({"emb": emb, "head": nn.Linear(64, 64, bias=False)})
         >>> model["head"].weight = emb.weight  # a tied output head
-        >>> memory_overhead(accelerate_verification(model))  # its packed copy: 64 * 64 * 4 bytes
+        >>> memory_overhead(pack_linear_layers(model))  # its packed copy: 64 * 64 * 4 bytes
         16384
     """
     return sum(m.extra_bytes for m in model.modules() if isinstance(m, PackedLinear))
@@ -287,3 +291,18 @@ def profile_passes(
         for k in ks:
             samples[k].append(one_pass(ids[k]))
     return {k: statistics.median(samples[k]) * 1e3 for k in ks}
+
+
+def accelerate_verification(model: nn.Module, config: PackingConfig | None = None) -> nn.Module:
+    """Deprecated name of :func:`pack_linear_layers` (it read like Hugging Face's ``accelerate``)."""
+    warn_renamed("specdec.accelerate_verification", "specdec.pack_linear_layers")
+    return pack_linear_layers(model, config)
+
+
+@dataclass(frozen=True)
+class VerificationConfig(PackingConfig):
+    """Deprecated name of :class:`PackingConfig`."""
+
+    def __post_init__(self) -> None:
+        warn_renamed("specdec.VerificationConfig", "specdec.PackingConfig", stacklevel=4)
+        super().__post_init__()

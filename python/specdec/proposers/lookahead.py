@@ -20,13 +20,14 @@ one level per step.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from specdec import ops
+from specdec.renamed import take_aliases
 from specdec.loop.cost_model import EXPLORE_EVERY
 from specdec.proposers.copy_chain import matched
 from specdec.proposers.prompt_lookup import PromptLookup, LookupProposer
@@ -48,10 +49,11 @@ class Lookahead(Method):
         pool_from_prompt: also fill the pool with the prompt's n-grams and with the output's
             as it is committed; False: the window's n-grams only, as in the reference
             implementation.
-        copy_tokens: most tokens of the copy from the context verified with the n-grams (an
-            n-gram proposes at most N - 1 tokens; edited code repeats whole lines); 0: none.
-            With ``pool_from_prompt=False`` and ``copy_tokens=0`` the candidates are the
-            reference's.
+        max_draft_tokens: most tokens of the copy from the context verified with the n-grams
+            (an n-gram proposes at most N - 1 tokens; edited code repeats whole lines); 0: none.
+            With ``pool_from_prompt=False`` and ``max_draft_tokens=0`` the candidates are the
+            reference's. ``num_speculative_tokens`` (vLLM's name) is accepted for it, and
+            ``copy_tokens`` (its deprecated name).
         side_tokens: the copy's side branches, as :class:`PromptLookup`'s (a repeated line, a
             copy going on after one changed token); with ``adaptive`` only where they pay. So
             lookahead verifies what prompt lookup would, and the pool's n-grams besides.
@@ -74,26 +76,31 @@ class Lookahead(Method):
     ngram: int = 4
     guess_set: int = 5
     pool_from_prompt: bool = True
-    copy_tokens: int = 32
+    max_draft_tokens: int = 32
     side_tokens: int = 4
     adaptive: bool = True
     seed: int = 0
+    num_speculative_tokens: InitVar[int | None] = None
+    copy_tokens: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, num_speculative_tokens: int | None, copy_tokens: int | None) -> None:
+        take_aliases(self, {"num_speculative_tokens": num_speculative_tokens, "copy_tokens": copy_tokens},
+                     {"num_speculative_tokens": "max_draft_tokens", "copy_tokens": "max_draft_tokens"},
+                     deprecated={"copy_tokens"})
         if self.window < 1:
             raise ValueError(f"Lookahead: window must be >= 1, got {self.window}")
         if self.ngram < 2:
             raise ValueError(f"Lookahead: ngram must be >= 2 (a key token and a continuation), got {self.ngram}")
         if self.guess_set < 0:
             raise ValueError(f"Lookahead: guess_set must be >= 0, got {self.guess_set}")
-        if self.copy_tokens < 0:
-            raise ValueError(f"Lookahead: copy_tokens must be >= 0, got {self.copy_tokens}")
+        if self.max_draft_tokens < 0:
+            raise ValueError(f"Lookahead: max_draft_tokens must be >= 0, got {self.max_draft_tokens}")
         if self.side_tokens < 0:
             raise ValueError(f"Lookahead: side_tokens must be >= 0, got {self.side_tokens}")
 
     @property
     def max_pass_tokens(self) -> int:
-        copy = self.copy_tokens + 2 * min(self.side_tokens, self.copy_tokens)
+        copy = self.max_draft_tokens + 2 * min(self.side_tokens, self.max_draft_tokens)
         return 1 + (self.window + self.guess_set) * (self.ngram - 1) + copy
 
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
@@ -101,9 +108,9 @@ class Lookahead(Method):
         B, device = ctx.tokens.shape[0], ctx.tokens.device
         pool = NGramPool(B, first.logits.shape[-1], self.ngram, max(self.guess_set, 1), device)
         lookup = None
-        if self.copy_tokens:
-            lookup = PromptLookup(num_draft_tokens=self.copy_tokens, adaptive=self.adaptive,
-                                  max_draft_tokens=self.copy_tokens, side_tokens=self.side_tokens)
+        if self.max_draft_tokens:
+            lookup = PromptLookup(num_draft_tokens=self.max_draft_tokens, adaptive=self.adaptive,
+                                  max_draft_tokens=self.max_draft_tokens, side_tokens=self.side_tokens)
             lookup = lookup.start(target, ctx, prompt, prompt_len, max_length, first)
         proposer = _LookaheadProposer(self, pool, _initial_window(self, prompt, prompt_len), lookup)
         if self.pool_from_prompt:  # every n-gram of the prompt and the first emitted token

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from specdec import ops
+from specdec.renamed import take_aliases
 from specdec.loop.cost_model import EXPLORE_EVERY
 from specdec.proposers.copy_chain import CopyChain, matched
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
@@ -21,15 +22,18 @@ class PromptLookup(Method):
     """Propose what followed earlier occurrences of the context's longest suffix n-gram
     (``max_ngram`` down to ``min_ngram`` tokens), as one tree verified in one pass:
 
-    - the continuation of the EARLIEST occurrence (the original being copied; HF's choice):
-      ``num_draft_tokens`` tokens, or with ``adaptive=True`` (default) as many as the recent
-      acceptance and the measured pass costs say pay, up to ``max_draft_tokens``;
+    - the continuation of the EARLIEST occurrence (the original being copied; HF's choice): by
+      default (``adaptive``) as many tokens as the recent acceptance and the measured pass costs
+      say pay, up to ``max_draft_tokens``; given ``num_draft_tokens`` (and not
+      ``adaptive=True``), that many;
     - the first ``side_tokens`` of the MOST RECENT occurrence's continuation (a repeated line);
     - the first ``side_tokens`` of a substitution match: the suffix without its last token
       matched, and what followed the token after it (the copy goes on after one changed token,
       such as a renamed identifier).
 
     Branches share their common prefixes; ``side_tokens=0`` verifies the first chain alone.
+    ``prompt_lookup_num_tokens`` (transformers) is accepted for ``num_draft_tokens``,
+    ``num_speculative_tokens`` (vLLM) for ``max_draft_tokens``.
 
     Example (``model`` a Hugging Face causal LM)::
 
@@ -38,12 +42,21 @@ class PromptLookup(Method):
 
     max_ngram: int = 3
     min_ngram: int = 1
-    num_draft_tokens: int = 10
-    adaptive: bool = True
+    num_draft_tokens: int | None = None  # fixed length (default 10 where not adaptive)
+    adaptive: bool | None = None          # default: True unless num_draft_tokens is given
     max_draft_tokens: int = 32
     side_tokens: int = 4
+    prompt_lookup_num_tokens: InitVar[int | None] = None
+    num_speculative_tokens: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, prompt_lookup_num_tokens: int | None, num_speculative_tokens: int | None) -> None:
+        take_aliases(self, {"prompt_lookup_num_tokens": prompt_lookup_num_tokens,
+                            "num_speculative_tokens": num_speculative_tokens},
+                     {"prompt_lookup_num_tokens": "num_draft_tokens", "num_speculative_tokens": "max_draft_tokens"})
+        if self.adaptive is None:
+            self.adaptive = self.num_draft_tokens is None
+        if self.num_draft_tokens is None:
+            self.num_draft_tokens = 10
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
         if self.num_draft_tokens < 1:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from specdec import ops
-from specdec.model.prepare import PackedLinear, VerificationConfig, dense_weight
+from specdec.renamed import take_aliases
+from specdec.model.prepare import PackedLinear, PackingConfig, dense_weight
 from specdec.model.cache import SpecCache
 from specdec.proposers.draft.tree import fed_slots, grow, select
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
@@ -25,13 +26,18 @@ from specdec.model.prompt_plan import PASS_TOKENS, SharedPrefix
 
 @dataclass
 class DraftModel(Method):
-    """Propose ``num_draft_tokens`` tokens per step with a smaller model sharing the target's
-    tokenizer. With ``adaptive=True`` the draft instead decides token by token (up to
-    ``max_draft_tokens``): it stops when, from its confidence in the tokens drafted so far and
-    the measured draft and target pass costs, one more token is not expected to raise the
-    emitted tokens per unit of time (`CostModel.extend_pays`).
+    """Propose tokens of a smaller model sharing the target's tokenizer. By default
+    (``adaptive``) the draft decides token by token, up to ``max_draft_tokens``: it stops when,
+    from its confidence in the tokens drafted so far and the measured draft and target pass
+    costs, one more token is not expected to raise the emitted tokens per unit of time
+    (`CostModel.extend_pays`). Given ``num_draft_tokens`` (and not ``adaptive=True``), it
+    proposes that many tokens every step.
 
-    ``head_tokens``: the draft scores only token ids ``0 .. head_tokens - 1``, not the whole
+    Names from other libraries are accepted: ``num_assistant_tokens`` (transformers) for
+    ``num_draft_tokens``, ``num_speculative_tokens`` (vLLM) for ``max_draft_tokens``;
+    ``head_tokens`` is the deprecated name of ``draft_vocab_size``.
+
+    ``draft_vocab_size``: the draft scores only token ids ``0 .. draft_vocab_size - 1``, not the whole
     vocabulary. Byte-level BPE vocabularies (Qwen, Llama 3, GPT-2) number tokens in merge order,
     commonest first, so few good candidates are lost, while each draft token gets cheaper (at
     V = 152k the LM head is a quarter of a 0.5B model's weights). The target's output is
@@ -71,30 +77,43 @@ class DraftModel(Method):
 
     Example (``draft`` and ``target`` are Hugging Face causal LMs)::
 
-        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True))
-        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True, tree=3))
-        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, adaptive=True, lookup=8))
+        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft))
+        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, tree=3))
+        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, lookup=8))
+        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, num_draft_tokens=5))  # fixed
     """
 
     model: torch.nn.Module
-    num_draft_tokens: int = 5
-    adaptive: bool = False
+    num_draft_tokens: int | None = None  # fixed length (default 5 where not adaptive)
+    adaptive: bool | None = None          # default: True unless num_draft_tokens is given
     max_draft_tokens: int = 16
-    head_tokens: int | None = None
+    draft_vocab_size: int | None = None
     coupled: bool = True
     shared_vocab: int | None = None
     tree: int = 1
     tree_nodes: int = 24
     lookup: int | None = None
     _head: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    num_assistant_tokens: InitVar[int | None] = None
+    num_speculative_tokens: InitVar[int | None] = None
+    head_tokens: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, num_assistant_tokens: int | None, num_speculative_tokens: int | None,
+                      head_tokens: int | None) -> None:
+        take_aliases(self, {"num_assistant_tokens": num_assistant_tokens,
+                            "num_speculative_tokens": num_speculative_tokens, "head_tokens": head_tokens},
+                     {"num_assistant_tokens": "num_draft_tokens", "num_speculative_tokens": "max_draft_tokens",
+                      "head_tokens": "draft_vocab_size"}, deprecated={"head_tokens"})
+        if self.adaptive is None:
+            self.adaptive = self.num_draft_tokens is None
+        if self.num_draft_tokens is None:
+            self.num_draft_tokens = 5
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
         if self.adaptive and self.max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
-        if self.head_tokens is not None and self.head_tokens < 1:
-            raise ValueError(f"head_tokens must be >= 1 or None, got {self.head_tokens}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
         if self.shared_vocab is not None and self.shared_vocab < 1:
             raise ValueError(f"shared_vocab must be >= 1 or None, got {self.shared_vocab}")
         if self.tree < 1:
@@ -153,14 +172,14 @@ class DraftModel(Method):
         return vocab[1]
 
     def reduced_head(self) -> torch.nn.Module | None:
-        """The draft's LM head over ids ``0 .. head_tokens - 1`` (None without ``head_tokens``),
+        """The draft's LM head over ids ``0 .. draft_vocab_size - 1`` (None without ``draft_vocab_size``),
         made once per head module and device."""
-        if self.head_tokens is None:
+        if self.draft_vocab_size is None:
             return None
         lm_head = self.model.get_output_embeddings()
         key = (id(lm_head), str(self.model.device))
         if self._head is None or self._head[0] != key:
-            self._head = (key, _lowest_ids_head(lm_head, self.head_tokens))
+            self._head = (key, _lowest_ids_head(lm_head, self.draft_vocab_size))
         return self._head[1]
 
 
@@ -204,7 +223,7 @@ class _DraftProposer(Proposer):
         self.target_vocab = target_vocab
         # Ids every draft may propose: below the shared part of the vocabularies (and heads).
         self.proposable = min(min(_vocab_size(d.model), d.shared_vocab or target_vocab,
-                                  d.head_tokens or target_vocab) for d in drafts)
+                                  d.draft_vocab_size or target_vocab) for d in drafts)
         self.proposable = min(self.proposable, target_vocab)
         # Rows with donors: prefilled when they join the batch, from its draft caches.
         self.waiting: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
@@ -431,7 +450,7 @@ def _lowest_ids_head(lm_head: torch.nn.Module, n: int) -> torch.nn.Module:
     try:
         weight = dense_weight(lm_head)
     except ValueError as e:
-        raise ValueError(f"DraftModel(head_tokens=...) needs a linear LM head: {e}") from None
+        raise ValueError(f"DraftModel(draft_vocab_size=...) needs a linear LM head: {e}") from None
     n = min(n, weight.shape[0])
     sub = torch.nn.Linear(weight.shape[1], n, bias=lm_head.bias is not None,
                           device=weight.device, dtype=weight.dtype)
@@ -440,7 +459,7 @@ def _lowest_ids_head(lm_head: torch.nn.Module, n: int) -> torch.nn.Module:
         if lm_head.bias is not None:
             sub.bias.copy_(lm_head.bias[:n])
     # A prepared head stays prepared: packed, even one-row products are 2-3x faster on CPU. Not
-    # padded: a draft's logits need no row-count invariance (VerificationConfig.for_draft).
-    config = VerificationConfig.for_draft()
+    # padded: a draft's logits need no row-count invariance (PackingConfig.for_draft).
+    config = PackingConfig.for_draft()
     return (PackedLinear(sub, config.batch_hint, min_rows=config.min_rows) if isinstance(lm_head, PackedLinear)
             else sub)

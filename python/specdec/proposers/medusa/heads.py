@@ -211,7 +211,7 @@ class MedusaHeads(nn.Module):
     def attach(self, target: nn.Module) -> MedusaHeads:
         """Check ``target`` and take its LM head's rows ``vocab_ids`` as the shared output layer
         (a copy, in the heads' dtype and device). Idempotent: a second call with the same LM head
-        module does nothing. Works on a target prepared by ``specdec.accelerate_verification``.
+        module does nothing. Works on a target prepared by ``specdec.pack_linear_layers``.
         Returns ``self``."""
         self.check(target)
         lm_head = _lm_head(target)

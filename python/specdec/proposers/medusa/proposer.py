@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import torch
 from torch import Tensor
 
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
+from specdec.renamed import take_aliases
 from specdec.proposers.medusa.heads import MedusaHeads
 from specdec.proposers.medusa.trees import auto_choices, dynamic_tree, StaticTree
 
@@ -28,7 +29,9 @@ class Medusa(Method):
     (``generate(..., pass_costs=specdec.profile_passes(model))``; without a profile, at most
     ``UNPROFILED_CPU_NODES`` nodes on CPU); a list of Medusa choices
     (paths of head ranks, e.g. ``[(0,), (0, 0), (1,)]``) is used as given; ``"dynamic"``
-    expands each step by cumulative head log-probability up to ``max_nodes`` nodes.
+    expands each step by cumulative head log-probability up to ``max_draft_tokens`` nodes.
+    ``num_speculative_tokens`` (vLLM's name) is accepted for ``max_draft_tokens``, and
+    ``max_nodes`` (its deprecated name).
 
     Example (``heads`` from ``specdec.train_medusa`` or ``specdec.MedusaHeads.load``)::
 
@@ -37,14 +40,20 @@ class Medusa(Method):
 
     heads: MedusaHeads
     tree: str | Sequence[Sequence[int]] = "auto"
-    max_nodes: int = 64
+    max_draft_tokens: int = 64
     top_k: int = 10
+    num_speculative_tokens: InitVar[int | None] = None
+    max_nodes: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, num_speculative_tokens: int | None, max_nodes: int | None) -> None:
+        take_aliases(self, {"num_speculative_tokens": num_speculative_tokens, "max_nodes": max_nodes},
+                     {"num_speculative_tokens": "max_draft_tokens", "max_nodes": "max_draft_tokens"},
+                     deprecated={"max_nodes"})
         if isinstance(self.tree, str) and self.tree not in ("auto", "dynamic"):
             raise ValueError(f"Medusa: tree must be 'auto', 'dynamic' or a list of choices, got {self.tree!r}")
-        if self.max_nodes < 1 or self.top_k < 1:
-            raise ValueError(f"Medusa: max_nodes and top_k must be >= 1, got {self.max_nodes}, {self.top_k}")
+        if self.max_draft_tokens < 1 or self.top_k < 1:
+            raise ValueError(f"Medusa: max_draft_tokens and top_k must be >= 1, got {self.max_draft_tokens}, "
+                             f"{self.top_k}")
         if not isinstance(self.tree, str):
             self.tree = StaticTree.from_choices(self.tree)  # validates the paths now
 
@@ -52,7 +61,7 @@ class Medusa(Method):
     def max_pass_tokens(self) -> int:
         if isinstance(self.tree, StaticTree):
             return len(self.tree.parents)
-        return 1 + self.max_nodes
+        return 1 + self.max_draft_tokens
 
     @property
     def needs_hidden_states(self) -> bool:
@@ -73,7 +82,7 @@ class Medusa(Method):
         accuracy = self.heads.rank_accuracy
         if accuracy is None:  # e.g. a FasterDecoding/Medusa checkpoint: no held-out table
             accuracy = prior_rank_accuracy(self.heads.config.num_heads, self.top_k)
-        nodes = self.max_nodes
+        nodes = self.max_draft_tokens
         if not ctx.costs.target_ms and ctx.tokens.device.type == "cpu":
             nodes = min(nodes, UNPROFILED_CPU_NODES)
         accuracy = torch.as_tensor(accuracy, dtype=torch.float64)[:, : self.top_k]
@@ -111,7 +120,7 @@ class _MedusaProposer(Proposer):
             proposal = Proposal(self.tree.tokens(root[:, 0], self.ids), self.parents)
             # Nodes are ordered by depth, so any first nodes form a tree.
             return proposal.narrowed(1 + ctx.node_budget(proposal.width - 1))
-        budget = ctx.node_budget(self.method.max_nodes)
+        budget = ctx.node_budget(self.method.max_draft_tokens)
         tokens, parents = dynamic_tree(self.logprobs, self.ids, max(budget, 1))  # at least one node
         tokens[:, 0] = root[:, 0]
         return Proposal(tokens, parents).narrowed(1 + budget)
