@@ -130,7 +130,7 @@ def standalone_worker(args: argparse.Namespace) -> list[Measure]:
     from specdec import models
 
     target, tok = models.load(args.model_dir)
-    target = specdec.accelerate_verification(target)
+    target = specdec.pack_linear_layers(target)
     method = {"standalone_one_token": None, "standalone_prompt_lookup": specdec.PromptLookup()}.get(args.worker)
     if args.worker == "standalone_medusa":
         method = specdec.Medusa(specdec.MedusaHeads.load(args.medusa_heads).attach(target))

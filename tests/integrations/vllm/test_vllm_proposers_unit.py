@@ -65,6 +65,8 @@ def test_options_come_from_vllms_fields_and_additional_config(vllm_config):
     assert (opts.num_speculative_tokens, opts.max_model_len, opts.vocab_size) == (K, 256, 49152)
     assert (opts.ngram, opts.max_ngram, opts.min_ngram, opts.guess_set) == (3, 4, 1, 5)
     assert PromptLookup(vllm_config).options.max_ngram == 3  # the defaults alone work
+    opts = PromptLookup(with_options(vllm_config, prompt_lookup_min=2, prompt_lookup_max=4)).options
+    assert (opts.min_ngram, opts.max_ngram) == (2, 4)  # vLLM's names for them
 
 
 @pytest.mark.parametrize("options, message", [
@@ -73,6 +75,7 @@ def test_options_come_from_vllms_fields_and_additional_config(vllm_config):
     ({"num_speculative_tokens": 3}, "'num_speculative_tokens' .* comes from vLLM's own configuration"),
     ({"max_ngram": "4"}, "option 'max_ngram' must be a int, got '4'"),
     ({"min_ngram": 3, "max_ngram": 2}, "need 1 <= min_ngram <= max_ngram"),
+    ({"max_ngram": 3, "prompt_lookup_max": 4}, "both 'prompt_lookup_max' and 'max_ngram' .* the same option"),
 ])
 def test_a_bad_option_is_named(vllm_config, options, message):
     with pytest.raises(ValueError, match=f"specdec.vllm.PromptLookup: {message}"):

@@ -4,8 +4,9 @@ vLLM gives a ``custom_class`` proposer its ``VllmConfig``. The draft length is v
 ``speculative_config.num_speculative_tokens``. vLLM 0.32 sets ``prompt_lookup_min/max`` to 0 for
 ``custom_class`` whatever the user gave, so those, and every other option, come from the
 engine's ``additional_config`` under the key ``"specdec"`` (``LLM(..., additional_config=
-{"specdec": {"max_ngram": 4}})``, ``vllm serve --additional-config '{"specdec": {...}}'``). An
-option that is not a field of the proposer's options is an error that names it.
+{"specdec": {"max_ngram": 4}})``, ``vllm serve --additional-config '{"specdec": {...}}'``); vLLM's names
+``prompt_lookup_min/max`` are accepted for ``min_ngram/max_ngram``. An option that is not a
+field of the proposer's options is an error that names it.
 
 Example:
     >>> from types import SimpleNamespace as NS
@@ -83,6 +84,8 @@ class LookaheadOptions(LookupOptions):
 
 _O = TypeVar("_O", bound=LookupOptions)
 _FROM_VLLM = ("num_speculative_tokens", "max_model_len", "vocab_size")
+# vLLM's names for the same options (its ngram method's), accepted here too.
+_VLLM_NAMES = {"prompt_lookup_min": "min_ngram", "prompt_lookup_max": "max_ngram"}
 
 
 def options_from(vllm_config: Any, cls: type[_O], proposer: str) -> _O:
@@ -100,6 +103,11 @@ def options_from(vllm_config: Any, cls: type[_O], proposer: str) -> _O:
         raise ValueError(f"specdec.vllm.{proposer}: additional_config['{CONFIG_KEY}'] must be a dict of "
                          f"options, got {type(extra).__name__}")
     known = sorted(f.name for f in dataclasses.fields(cls) if f.name not in _FROM_VLLM)
+    for alias, name in _VLLM_NAMES.items():
+        if alias in extra and name in extra:
+            raise ValueError(f"specdec.vllm.{proposer}: both {alias!r} and {name!r} in "
+                             f"additional_config['{CONFIG_KEY}']: they are the same option")
+    extra = {_VLLM_NAMES.get(name, name): value for name, value in extra.items()}
     for name, value in extra.items():
         if name in _FROM_VLLM:
             raise ValueError(f"specdec.vllm.{proposer}: {name!r} in additional_config['{CONFIG_KEY}'] comes "
