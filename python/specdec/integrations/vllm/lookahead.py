@@ -126,7 +126,8 @@ class Lookahead(PromptLookup):
         slots = torch.tensor([e.state.slot for e in entries], dtype=torch.long)
         keys = torch.full((self._slots.size,), -1, dtype=torch.int32)
         going = torch.from_numpy(limits > 0)
-        keys[slots[going]] = torch.tensor([int(e.tokens[-1]) for e in entries], dtype=torch.int32)[going]
+        last = [int(e.tokens[-1]) if len(e.tokens) else -1 for e in entries]
+        keys[slots[going]] = torch.tensor(last, dtype=torch.int32)[going]
         chain = torch.full((self._slots.size, 0), -1, dtype=torch.int32)
         while chain.shape[1] < K:
             candidates, found = self._slots.pool.lookup(keys)
