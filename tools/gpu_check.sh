@@ -20,7 +20,7 @@ tools/dev_build.sh ON > "$out/build.txt" 2>&1 || { tail -40 "$out/build.txt"; ex
 echo "build: $(( $(date +%s) - start )) s" | tee "$out/summary.txt"
 PYTHONPATH=python "$PYTHON" -c "import specdec, torch; print(specdec.build_info(), torch.__version__, torch.cuda.get_device_name())" \
   | tee -a "$out/summary.txt"
-# The random configurations (tests/test_random_configs.py, ~700 generate calls) are left to the
+# The random configurations (tests/loop/test_random_configs.py, ~700 generate calls) are left to the
 # CPU runs: the loop is the same on every device, and the capped time goes to the device tests.
 PYTHONPATH=python timeout 240 "$PYTHON" -m pytest tests -m "not real_model" -q -p no:cacheprovider \
   -k "(cuda or not cpu) and not random_configs" > "$out/tests.txt" 2>&1

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_decoders import PROMPTS, assert_greedy_identity
-from test_ensemble import Recording
-from tiny_models import cyclic_lm, perturbed, tiny_lm
+from support.decoding import assert_greedy_identity, PROMPTS
+from support.models import cyclic_lm, perturbed, tiny_lm
+from support.proposers import Recording
 
 import specdec
 

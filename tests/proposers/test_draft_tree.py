@@ -9,8 +9,8 @@ import copy
 
 import pytest
 import torch
-from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
-from tiny_models import perturbed, tiny_lm
+from support.decoding import assert_greedy_identity, hf_greedy, PROMPTS
+from support.models import perturbed, tiny_lm
 
 import specdec
 from specdec.model.cache import SpecCache

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import DEVICES
 
 transformers = pytest.importorskip("transformers")
+from support.ops import DEVICES
 
 from specdec.model.cache import SpecCache  # noqa: E402
 from specdec.model.attention import enable_tree_attention

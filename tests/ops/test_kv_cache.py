@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import DEVICES
 from torch._subclasses.fake_tensor import FakeTensorMode
+from support.ops import DEVICES
 
 from specdec import ops
 from specdec.ops import reference

@@ -4,9 +4,9 @@ alone gives."""
 
 import pytest
 import torch
-from test_decoders import PROMPTS, first_mismatch_note, hf_greedy, left_padded
-from test_finished_rows import EVERY_METHOD, early_eos, pass_rows
-from tiny_models import cyclic_lm, perturbed, tiny_lm
+from support.decoding import early_eos, first_mismatch_note, hf_greedy, left_padded, pass_rows, PROMPTS
+from support.models import cyclic_lm, perturbed, tiny_lm
+from support.proposers import EVERY_METHOD
 
 import specdec
 from specdec import Batching, Method, Proposer

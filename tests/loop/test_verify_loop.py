@@ -6,21 +6,13 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy, left_padded
-from tiny_models import perturbed, tiny_lm
+from support.decoding import assert_greedy_identity, hf_greedy, left_padded, PROMPTS
+from support.models import perturbed, tiny_lm
+from support.passes import visible_forward
+from support.proposers import Recording
 
 import specdec
 from specdec import Context, Method, Proposal, Proposer, StepResult
-
-
-def visible_forward(model, committed: list[int], nodes: list[int], positions: list[int],
-                    sees: list[bool]) -> torch.Tensor:
-    """The target's logits after the last visible node, run plainly: the committed tokens at
-    0..n-1, then the visible nodes at their own positions (HF sdpa attention, causal among them)."""
-    tokens = committed + [t for t, s in zip(nodes, sees) if s]
-    pos = list(range(len(committed))) + [p for p, s in zip(positions, sees) if s]
-    with torch.no_grad():
-        return model(torch.tensor([tokens]), position_ids=torch.tensor([pos])).logits[0, -1]
 
 
 @dataclass
@@ -324,7 +316,6 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_a_batch_falls_back_to_one_token_passes_while_they_are_faster():
-    from test_ensemble import Recording
 
     # A draft that never agrees: its steps advance the slowest row 1 token, like a one-token
     # step, and cost its drafting on top, whatever the machine's speed.

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from support import DEVICES
 from torch._subclasses.fake_tensor import FakeTensorMode
-from support import random_parents
+from support.ops import DEVICES, random_parents
 
 from specdec import ops
 from specdec.ops import reference

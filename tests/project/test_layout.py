@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "python" / "specdec"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "specdec"
 # Each layer and the layers it may import (besides itself and the package's top-level modules).
 ALLOWED = {
     "ops": set(),

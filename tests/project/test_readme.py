@@ -9,7 +9,7 @@ import pytest
 
 from specdec.cli import commands as cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from test_decoders import PROMPTS, left_padded
-from tiny_models import perturbed, tiny_lm
 from transformers import GenerationConfig
+from support.decoding import left_padded, PROMPTS
+from support.models import perturbed, tiny_lm
 
 import specdec
 

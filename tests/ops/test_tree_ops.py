@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from support import assert_draws_match, random_parents, random_probs
+from support.ops import assert_draws_match, random_parents, random_probs
 
 import specdec.ops.reference as ref
 from specdec import TypicalAcceptance, ops

@@ -2,22 +2,20 @@
 node of a merged pass (lookahead's window included) computing a plain forward over what it
 sees, greedy identity (union fixed and adaptive, average; B = 4 ragged with EOS), node budgets
 of every method, the adaptive cascade, bad arguments. The sampling distribution test is in
-test_decoders.py (METHODS)."""
+loop/test_decoders.py (support.decoding.METHODS)."""
 
 import dataclasses
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
 import torch
-from support import assert_all_raise, random_parents
-from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
-from test_lookahead import Recorder, assert_nodes_compute_what_they_see
-from test_medusa import oracle_setup, random_heads
-from tiny_models import perturbed, tiny_lm
+from support.decoding import assert_greedy_identity, hf_greedy, PROMPTS
+from support.models import perturbed, tiny_lm
+from support.ops import assert_all_raise, random_parents
+from support.proposers import assert_nodes_compute_what_they_see, oracle_setup, random_heads, Recorder, Recording
 
 import specdec
-from specdec import Method, Proposal, Proposer, StepResult
+from specdec import Proposal, StepResult
 from specdec.loop.cost_model import EXPLORE_EVERY
 from specdec.proposers.ensemble import MIN_SAMPLES, member_steps, merge_proposals
 from specdec.proposers.merge import merge_paths
@@ -100,39 +98,6 @@ def test_member_steps_are_each_members_own_view():
         assert s.proposal is p
         assert torch.equal(s.logits, logits[:, i[0]]) and torch.equal(s.hidden, hidden[:, i[0]])
         assert torch.equal(s.hidden_at_last(), hidden[:, 5])  # the step's, not the member's
-
-
-@dataclass
-class Recording(Method, Proposer):
-    """Any method, its steps recorded as its proposer sees them."""
-
-    inner: object
-    steps: list = field(default_factory=list)
-
-    @property
-    def max_pass_tokens(self):
-        return self.inner.max_pass_tokens
-
-    @property
-    def models(self):
-        return self.inner.models
-
-    @property
-    def needs_hidden_states(self):
-        return self.inner.needs_hidden_states
-
-    def start(self, target, ctx, prompt, prompt_len, max_length, first):
-        self.proposer = self.inner.start(target, ctx, prompt, prompt_len, max_length, first)
-        return self
-
-    def propose(self, ctx):
-        committed = [ctx.tokens[b, : int(n)].tolist() for b, n in enumerate(ctx.lengths)]
-        self.steps.append([committed, self.proposer.propose(ctx), ctx.max_nodes])
-        return self.steps[-1][1]
-
-    def update(self, ctx, step):
-        self.steps[-1].append(step)
-        self.proposer.update(ctx, step)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from support import assert_all_raise, assert_fakes_match_kernels, random_probs
+from support.ops import assert_all_raise, assert_fakes_match_kernels, random_probs
 
 import specdec
 from specdec import ops

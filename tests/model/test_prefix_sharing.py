@@ -3,8 +3,9 @@ target and by each draft) and copied into every row; outputs stay those of the r
 
 import pytest
 import torch
-from test_decoders import METHODS, hf_greedy, left_padded
-from tiny_models import perturbed, tiny_lm
+from support.decoding import hf_greedy, left_padded, METHODS
+from support.models import perturbed, tiny_lm
+from support.proposers import CostsAtStart
 
 import specdec
 from specdec.model.cache import SpecCache
@@ -133,14 +134,6 @@ def test_bad_shared_lengths_get_clear_errors():
                 cached=torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="one row or one per row"):  # 3 rows into 2
         SpecCache.for_model(model, 2, 8).copy_row(SpecCache.for_model(model, 3, 8))
-
-
-class CostsAtStart(specdec.PromptLookup):
-    """Prompt lookup that records the target's cost points it starts with."""
-
-    def start(self, target, ctx, *args):
-        self.costs_at_start = dict(ctx.costs.target_ms)
-        return super().start(target, ctx, *args)
 
 
 def test_the_prompts_pass_is_priced_by_the_rows_own_tokens():

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from support import assert_all_raise, assert_fakes_match_kernels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.ops import assert_all_raise, assert_fakes_match_kernels
 
 import specdec
 import specdec.ops.reference as ref

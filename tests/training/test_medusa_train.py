@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_models import tiny_lm
+from support.models import tiny_lm
 
 import specdec
 import specdec.training.medusa as medusa_train

@@ -4,61 +4,12 @@ states, bad input."""
 
 import pytest
 import torch
-from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
-from tiny_models import tiny_lm
+from support.decoding import PROMPTS, assert_greedy_identity, assert_sampling_follows_the_target_distribution, hf_greedy
+from support.models import tiny_lm
+from support.proposers import CHOICES, oracle_setup, random_heads
 
 import specdec
 
-CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
-
-
-def random_heads(target, num_heads=3, seed=0, scale=0.5):
-    """Heads whose blocks are random: they propose varied, partly right candidates."""
-    heads = specdec.MedusaHeads.for_target(target, num_heads, torch.arange(target.config.vocab_size))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * scale / p.shape[-1] ** 0.5)
-    return heads
-
-
-class OracleHeads(torch.nn.Module):
-    """Stands in for trained heads: head k proposes what the target's greedy decoding of the
-    committed text will emit k + 1 tokens later (read from a precomputed greedy run), as
-    rank 0, then two wrong ids. Checks the alignment of hidden states, heads and tree depths."""
-
-    def __init__(self, target, prompt, future):
-        super().__init__()
-        self.target, self.prompt, self.future = target, prompt, future
-        self.hidden_to_pos = {}
-        self.rank_accuracy = None
-        self.num_heads = 3
-
-    def attach(self, target):
-        return self
-
-    def topk(self, hidden, k):
-        # Which position is this hidden state? Match it against a plain forward of the text.
-        text = self.prompt + self.future
-        with torch.no_grad():
-            full = self.reference(torch.tensor([text]), output_hidden_states=True).hidden_states[-1][0]
-        t = int((full - hidden[0]).abs().amax(-1).argmin())
-        ids = torch.full((1, 3, k), 95)
-        for head in range(3):
-            nxt = t + head + 2  # head k (1-based k = head + 1) predicts token t + k + 1
-            ids[0, head, 0] = text[nxt] if nxt < len(text) else 95
-            ids[0, head, 1:] = torch.tensor([93, 94][: k - 1])
-        return ids, torch.log_softmax(torch.arange(k, 0, -1).float(), 0).expand(1, 3, k)
-
-
-def oracle_setup():
-    """A tiny target, a prompt, the target's next 24 greedy tokens and oracle heads for them."""
-    target = tiny_lm("llama", seed=31)
-    prompt = PROMPTS[0]
-    future = hf_greedy(target, prompt, 24)
-    oracle = OracleHeads(target, prompt, future)
-    oracle.reference = tiny_lm("llama", seed=31)
-    return target, prompt, future, oracle
 
 
 def test_heads_aligned_with_the_loops_hidden_states():
@@ -87,13 +38,9 @@ def test_auto_tree_from_accuracies_and_eos():
 
 
 def test_sampling_follows_the_target_distribution():
-    from test_decoders import METHODS, test_sampling_follows_the_target_distribution as check
-
-    METHODS["medusa"] = lambda draft: specdec.Medusa(random_heads(draft, seed=2), tree=CHOICES)
-    try:
-        check("medusa")
-    finally:
-        del METHODS["medusa"]
+    """Medusa's sampling is lossless, by the check every method in METHODS passes."""
+    assert_sampling_follows_the_target_distribution(
+        lambda draft: specdec.Medusa(random_heads(draft, seed=2), tree=CHOICES))
 
 
 def test_bad_input():

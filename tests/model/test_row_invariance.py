@@ -5,10 +5,10 @@ identical to one-token decoding (``method=None``) in bf16."""
 
 import pytest
 import torch
-from support import random_parents
-from test_decoders import PROMPTS, left_padded
-from test_tree_forward import path_to
-from tiny_models import perturbed, tiny_lm
+from support.decoding import left_padded, PROMPTS
+from support.models import perturbed, tiny_lm
+from support.ops import random_parents
+from support.passes import packed_and_rectangular, path_to
 
 import specdec
 from specdec.model.cache import SpecCache
@@ -166,7 +166,6 @@ def test_a_packed_pass_gives_its_nodes_the_rectangular_pass_bits(family, dtype):
     """Rows of a batch computing only their first nodes (the verify loop's passes on CPU, the
     linear layers over the packed tokens) get the same bits as in the rectangular pass, which
     the tests above tie to one-token passes."""
-    from test_tree_forward import packed_and_rectangular
 
     model = tiny(family, dtype)
     widths = torch.tensor([5, 1, 3])

@@ -3,8 +3,9 @@ is not padded to the longest): the same cache entries and logits as one pass, fe
 
 import pytest
 import torch
-from test_decoders import METHODS, hf_greedy, left_padded
-from tiny_models import perturbed, tiny_lm
+from support.decoding import hf_greedy, left_padded, METHODS
+from support.models import perturbed, tiny_lm
+from support.proposers import CostsAtStart
 
 import specdec
 from specdec.model.cache import SpecCache
@@ -102,7 +103,6 @@ def test_generate_prefills_short_prompts_apart_from_long_ones(name):
 
 
 def test_the_prompts_passes_are_priced_by_the_tokens_they_computed():
-    from test_prefix_sharing import CostsAtStart
 
     target = tiny_lm("llama")
     gen = torch.Generator().manual_seed(4)

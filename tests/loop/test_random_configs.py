@@ -18,9 +18,9 @@ import random
 
 import pytest
 import torch
-from test_decoders import first_mismatch_note, hf_greedy, left_padded
-from test_medusa import random_heads
-from tiny_models import cyclic_lm, perturbed, tiny_lm
+from support.decoding import first_mismatch_note, hf_greedy, left_padded
+from support.models import cyclic_lm, perturbed, tiny_lm
+from support.proposers import random_heads
 
 import specdec
 

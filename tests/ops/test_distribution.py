@@ -8,7 +8,7 @@ drafter would.
 """
 
 import torch
-from support import random_probs
+from support.ops import random_probs
 
 from specdec import ops
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from tiny_models import tiny_lm
 from transformers import LlamaConfig, LlamaForCausalLM
+from support.models import tiny_lm
 
 import specdec
 import specdec.proposers.medusa.heads

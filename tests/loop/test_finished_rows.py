@@ -3,34 +3,14 @@ run only the rows still going, every proposer drops their state, and nothing els
 
 import pytest
 import torch
-from test_decoders import METHODS, PROMPTS, assert_greedy_identity, hf_greedy, left_padded
-from test_medusa import CHOICES, random_heads
-from tiny_models import cyclic_lm, perturbed, tiny_lm
+from support.decoding import assert_greedy_identity, early_eos, hf_greedy, left_padded, METHODS, pass_rows, PROMPTS
+from support.models import cyclic_lm, perturbed, tiny_lm
+from support.proposers import EVERY_METHOD
 
 import specdec
 from specdec import Batching
 
 MAX_NEW = 24
-EVERY_METHOD = {**METHODS, "medusa": lambda draft: specdec.Medusa(random_heads(draft), tree=CHOICES),
-                "prompt lookup": lambda draft: specdec.PromptLookup()}
-
-
-def pass_rows(model) -> tuple[list[int], object]:
-    """The batch size of every pass of ``model``'s decoder (a packed pass's rows counted in its
-    runs), and the hook to remove."""
-    rows = []
-
-    def count(_, args, kwargs):
-        runs = kwargs.get("specdec_packed")
-        rows.append(sum(n for _, n, _ in runs) if runs else kwargs["input_ids"].shape[0])
-
-    hook = model.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
-    return rows, hook
-
-
-def early_eos(target) -> int:
-    """An EOS id that row 0's greedy output reaches after 5 tokens and the others later or never."""
-    return hf_greedy(target, PROMPTS[0], MAX_NEW)[5]
 
 
 @pytest.mark.parametrize("name", EVERY_METHOD)

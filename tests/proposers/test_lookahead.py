@@ -1,75 +1,25 @@
 """Lookahead decoding: every node of the combined pass (window and verification branch) computes
 what a plain forward over the tokens it sees computes; the window and pool follow a plain-Python
 reference; greedy identity (ragged batches, EOS, tiny Llama/Qwen2 and SmolLM2); adaptive sizes;
-bad arguments. The sampling distribution test is in test_decoders.py (METHODS)."""
+bad arguments. The sampling distribution test is in loop/test_decoders.py (support.decoding.METHODS)."""
 
-from dataclasses import dataclass, field
 
 import pytest
 import torch
-from test_decoders import PROMPTS, assert_greedy_identity, hf_greedy
-from test_verify_loop import visible_forward
-from tiny_models import cyclic_lm, tiny_lm
+from support.decoding import assert_greedy_identity, hf_greedy, PROMPTS
+from support.models import cyclic_lm, tiny_lm
+from support.proposers import assert_nodes_compute_what_they_see, Recorder
 
 import specdec
 from specdec.loop.cost_model import CostModel
-from specdec import Context, Method, Proposal, Proposer, StepResult
+from specdec import Context
 from specdec.loop.sampling import Sampling
-
-
-@dataclass
-class Recorder(Method, Proposer):
-    """A Lookahead whose steps are recorded: the committed tokens of every row when the step was
-    proposed, the proposal, and the logits of the pass."""
-
-    inner: specdec.Lookahead
-    steps: list = field(default_factory=list)
-    models = ()
-    needs_hidden_states = False
-
-    @property
-    def max_pass_tokens(self):
-        return self.inner.max_pass_tokens
-
-    def start(self, target, ctx, prompt, prompt_len, max_length, first):
-        self.proposer = self.inner.start(target, ctx, prompt, prompt_len, max_length, first)
-        self.initial_levels = self.proposer.levels.clone()
-        self.prompt_ctx = [ctx.tokens[b, : int(n)].tolist() for b, n in enumerate(ctx.lengths)]
-        return self
-
-    def propose(self, ctx: Context) -> Proposal:
-        committed = [ctx.tokens[b, : int(n)].tolist() for b, n in enumerate(ctx.lengths)]
-        self.steps.append([committed, self.proposer.propose(ctx), None])
-        return self.steps[-1][1]
-
-    def update(self, ctx: Context, step: StepResult) -> None:
-        self.steps[-1][2] = step.logits.clone()
-        self.steps[-1].append([ctx.tokens[b, : int(n)].tolist() for b, n in enumerate(ctx.lengths)])
-        self.proposer.update(ctx, step)
 
 
 def run(model, prompts, method, max_new=20, eos=None):
     recorder = Recorder(method)
     out = assert_greedy_identity(model, prompts, recorder, max_new=max_new, eos=eos)
     return recorder, out
-
-
-def assert_nodes_compute_what_they_see(model, recorder, steps, rtol=1e-4, atol=5e-5):
-    """Every real node of the first ``steps`` passes against a plain forward over the committed
-    tokens and the nodes its attention mask shows, at the positions the proposal gives."""
-    kinds = set()
-    for committed, proposal, logits, _ in recorder.steps[:steps]:
-        for b, row in enumerate(committed):
-            nodes = proposal.tokens[b].tolist()
-            for i, token in enumerate(nodes):
-                if token < 0:
-                    continue
-                sees = proposal.attention_mask[b, i].tolist()
-                want = visible_forward(model, row[:-1], nodes, proposal.position_ids[b].tolist(), sees)
-                # Summation orders differ (fp32, ~1e-5); a wrong mask or position moves logits by O(1).
-                torch.testing.assert_close(logits[b, i], want, rtol=rtol, atol=atol)
-                kinds.add("candidate" if proposal.candidates[b, i] and i else "window" if i else "root")
-    return kinds
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
