@@ -7,6 +7,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: nothing here may reach a hub
 
 import copy
+import math
 
 import pytest
 import torch
@@ -197,11 +198,28 @@ def test_packed_linear_matches_linear_for_any_rows_and_hint():
                 torch.testing.assert_close(packed(x), lin(x), rtol=1e-5, atol=1e-5)
 
 
-def test_profile_passes_positive_for_each_k():
+def test_profile_passes_runs_each_k_on_the_prefix_cache():
+    """What profile_passes times is a verification pass: k new tokens on a KV cache holding the
+    prefix, cropped back after each pass (seen by a hook on the decoder: its input width and the
+    cache length it gets). Checks the passes, not their times: one prefill of the prefix, then
+    for each k one warm-up and ``repeats`` measured passes of width k, each on exactly the
+    prefix; one median per k, in the order given."""
     model = accelerate_verification(_tiny("qwen2"))
-    ks = (1, 2, 4, 8, 16, 32)
-    cost = specdec.profile_passes(model, ks=ks, prefix_len=20, repeats=2)
-    assert list(cost) == list(ks) and all(ms > 0 for ms in cost.values())
+    ks, prefix_len, repeats = (1, 2, 4, 8, 16, 32), 20, 2
+    seen = []
+
+    def record(_, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5 / 4 name
+        seen.append((kwargs["input_ids"].shape[1], None if cache is None else cache.get_seq_length()))
+
+    hook = model.get_decoder().register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        cost = specdec.profile_passes(model, ks=ks, prefix_len=prefix_len, repeats=repeats)
+    finally:
+        hook.remove()
+    assert seen[0] == (prefix_len, 0)
+    assert seen[1:] == [(k, prefix_len) for k in ks] * (1 + repeats)
+    assert list(cost) == list(ks) and all(math.isfinite(ms) and ms > 0 for ms in cost.values())
 
 
 @pytest.mark.real_model

