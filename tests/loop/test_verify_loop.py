@@ -315,22 +315,59 @@ def test_bad_inputs_get_clear_errors():
     assert torch.equal(out.sequences[0, 3:], torch.tensor(hf_greedy(target, [1, 2, 3], 5)))
 
 
-def test_a_batch_falls_back_to_one_token_passes_while_they_are_faster():
+class SyntheticClock:
+    """Stands in for the loop's ``time.perf_counter``: it advances only by the synthetic costs of
+    the passes that run (a target pass: 10 ms + 1 ms per token; a draft pass: 3 ms), so what
+    pacing measures does not depend on the machine or its load."""
 
-    # A draft that never agrees: its steps advance the slowest row 1 token, like a one-token
-    # step, and cost its drafting on top, whatever the machine's speed.
+    def __init__(self, target, draft):
+        self.now = 0.0
+        self.hooks = [
+            target.register_forward_pre_hook(lambda _, args, kw: self.advance(10 + kw["input_ids"].numel()),
+                                             with_kwargs=True),
+            draft.register_forward_pre_hook(lambda *_: self.advance(3)),
+        ]
+
+    def advance(self, ms: float) -> None:
+        self.now += ms / 1e3
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
+def test_a_batch_falls_back_to_one_token_passes_while_they_are_faster(monkeypatch):
+    """A draft that never agrees: its steps advance the slowest row 1 token, like a one-token
+    step, and cost its 4 draft passes and a wider target pass on top (synthetic costs: about 29
+    ms against 12). After measuring both kinds of step, the batch takes one-token steps and
+    proposes only on the steps that keep that estimate current (one in EXPLORE_EVERY). One row
+    is never paced: its methods size themselves from the pass costs."""
+    from types import SimpleNamespace
+
+    import specdec.loop.run
+    from specdec.loop.cost_model import EXPLORE_EVERY
+
     target = tiny_lm("llama", seed=3)
-    stranger = Recording(specdec.DraftModel(tiny_lm("llama", seed=123), 4))
-    out = assert_greedy_identity(target, PROMPTS[:2], stranger, max_new=48, pace=True)
-    budgets = [budget for _, _, budget, _ in stranger.steps]
-    assert budgets[:2] == [None, None]  # measured first
-    later = budgets[16:]
-    assert len(later) > 20 and later.count(0) >= 0.7 * len(later)
-    assert out.stats.total_proposed > 0  # and it keeps trying now and then
-    # One row is never paced: its methods size themselves from the pass costs.
-    single = Recording(specdec.DraftModel(tiny_lm("llama", seed=123), 4))
-    assert_greedy_identity(target, PROMPTS[:1], single, max_new=24, pace=True)
-    assert all(budget is None for _, _, budget, _ in single.steps)
+    for rows, max_new in ((2, 48), (1, 24)):
+        draft = tiny_lm("llama", seed=123)
+        clock = SyntheticClock(target, draft)
+        monkeypatch.setattr(specdec.loop.run, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+        stranger = Recording(specdec.DraftModel(draft, 4))
+        try:
+            out = assert_greedy_identity(target, PROMPTS[:rows], stranger, max_new=max_new, pace=True)
+        finally:
+            clock.remove()
+        budgets = [budget for _, _, budget, _ in stranger.steps]
+        if rows == 1:
+            assert all(budget is None for budget in budgets)
+            continue
+        assert budgets[:2] == [None, None]  # measured first
+        later = budgets[16:]
+        assert len(later) > 20 and later.count(None) <= -(-len(later) // EXPLORE_EVERY)
+        assert out.stats.total_proposed > 0  # and it keeps trying now and then
 
 
 def test_slow_spells_do_not_take_a_width_out_of_use():

@@ -63,7 +63,11 @@ class CostModel:
 
     Measurements are smoothed, a slow one counts as at most ``OUTLIER`` times the estimate, and
     a pass is never priced above a wider one: a shared machine's slow spells do not take a
-    width out of use.
+    width out of use. A measurement far below its estimate (under 1 / ``OUTLIER`` of it) ends a
+    slow spell: it replaces the estimate, and every estimate the spell left raised (above
+    ``OUTLIER`` times the lowest it has been) goes back to that lowest value. Without this, the
+    widths a spell priced out are no longer used, so no longer measured, and the policy would
+    stay small after the spell has gone.
 
     Example:
         >>> profile = {1: 50.0, 8: 60.0, 32: 200.0}   # one row over k tokens, ms
@@ -82,6 +86,8 @@ class CostModel:
     extra: int = 0
     packed: bool = False
     proposing: int | None = None
+    # The lowest each estimate of ``target_ms`` has been (what a slow spell's end returns it to).
+    lowest_ms: dict[int, float] = field(default_factory=dict)
 
     def for_rows(self, proposing: int) -> CostModel:
         """The same costs (measurements shared) pricing steps where only ``proposing`` rows have
@@ -116,8 +122,29 @@ class CostModel:
         self.observe_tokens(k * self.rows, ms)
 
     def observe_tokens(self, n: int, ms: float) -> None:
-        """A pass over n tokens in all (rows and nodes: a packed pass) took ``ms``."""
-        self.target_ms[n] = self._smoothed(self.target_ms.get(n), ms)
+        """A pass over n tokens in all (rows and nodes: a packed pass) took ``ms``.
+
+        Example (a slow spell raised the 8- and 16-token estimates; a 16-token pass at the
+        normal cost shows it has gone):
+            >>> costs = CostModel({1: 100.0, 8: 140.0, 16: 180.0})
+            >>> for _ in range(20):
+            ...     costs.observe_tokens(8, 900.0); costs.observe_tokens(16, 1200.0)
+            >>> round(costs.target_ms[8]), round(costs.target_ms[16])
+            (795, 1047)
+            >>> costs.observe_tokens(16, 185.0)
+            >>> costs.target_ms
+            {1: 100.0, 8: 140.0, 16: 185.0}
+        """
+        old = self.target_ms.get(n)
+        if old is not None and ms * OUTLIER < old:  # a slow spell has gone (see the class)
+            for i, value in self.target_ms.items():
+                if value > OUTLIER * self.lowest_ms.get(i, value):
+                    self.target_ms[i] = self.lowest_ms[i]
+            self.target_ms[n] = ms
+        else:
+            self.target_ms[n] = self._smoothed(old, ms)
+        self.lowest_ms[n] = min(self.lowest_ms.get(n, self.target_ms[n]), self.target_ms[n],
+                                old if old is not None else float("inf"))
 
     def observe_draft(self, ms_per_token: float) -> None:
         self.draft_ms_per_token = self._smoothed(self.draft_ms_per_token or None, ms_per_token)
