@@ -12,7 +12,9 @@ import specdec
 import specdec.training.medusa as medusa_train
 from specdec import cli
 from specdec.proposers.medusa.heads import MedusaHeads
-from specdec.training.medusa import Chunk, Features, TrainConfig, build_chunks, extract_features, head_targets
+from specdec.training.corpus import Chunk, build_chunks
+from specdec.training.features import Features, extract_features, head_targets
+from specdec.training.medusa import TrainConfig
 
 
 class CharTokenizer:
@@ -152,28 +154,28 @@ def test_text_and_jsonl_data(tmp_path):
     tok = ChatTokenizer()
     (tmp_path / "a.jsonl").write_text(json.dumps({"text": "x" * 90}) + "\n\n" + json.dumps({"text": "y" * 50}) + "\n")
     (tmp_path / "b.txt").write_text("z" * 40)
-    cfg = TrainConfig(chunk_tokens=64, num_tokens=10_000)
-    chunks, source = build_chunks(tok, cfg, [tmp_path / "a.jsonl", str(tmp_path / "b.txt")])
+    cfg = dict(chunk_tokens=64, num_tokens=10_000)
+    chunks, source = build_chunks(tok, [tmp_path / "a.jsonl", str(tmp_path / "b.txt")], **cfg)
     # Used as given (no chat template): 64-token windows; the 26-token rest of "x" is too short.
     assert ["".join(map(chr, c.ids)) for c in chunks] == ["x" * 64, "y" * 50, "z" * 40]
     assert all(c.start == 0 for c in chunks) and "a.jsonl" in source
-    assert [len(c.ids) for c in build_chunks(tok, TrainConfig(chunk_tokens=64, num_tokens=100),
-                                             tmp_path / "a.jsonl")[0]] == [64, 36]  # cut at num_tokens
+    assert [len(c.ids) for c in build_chunks(tok, tmp_path / "a.jsonl", chunk_tokens=64,
+                                             num_tokens=100)[0]] == [64, 36]  # cut at num_tokens
 
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": \n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
-        build_chunks(tok, cfg, tmp_path / "bad.jsonl")
+        build_chunks(tok, tmp_path / "bad.jsonl", **cfg)
     (tmp_path / "bad.jsonl").write_text('{"content": "ok"}\n')
     with pytest.raises(ValueError, match=r'bad\.jsonl:1: expected an object \{"text"'):
-        build_chunks(tok, cfg, tmp_path / "bad.jsonl")
+        build_chunks(tok, tmp_path / "bad.jsonl", **cfg)
     with pytest.raises(FileNotFoundError, match="missing.txt not found"):
-        build_chunks(tok, cfg, tmp_path / "missing.txt")
+        build_chunks(tok, tmp_path / "missing.txt", **cfg)
     with pytest.raises(ValueError, match="a training and a held-out chunk are needed"):
-        build_chunks(tok, cfg, tmp_path / "b.txt")
+        build_chunks(tok, tmp_path / "b.txt", **cfg)
 
 
 def test_default_data_is_installed_python_code_as_chat_answers():
-    chunks, source = build_chunks(ChatTokenizer(), TrainConfig(num_tokens=3000, chunk_tokens=300), None)
+    chunks, source = build_chunks(ChatTokenizer(), None, num_tokens=3000, chunk_tokens=300)
     assert source == "Python sources of the installed packages (chat-wrapped)"
     assert 2700 <= sum(len(c.ids) for c in chunks) <= 3000 and len(chunks) >= 10
     prompts = set()

@@ -36,9 +36,9 @@ def node_layout(parents: Tensor | None, lengths: Tensor, attention_mask: Tensor 
 
 
 # Chains at least this long (prompts) go through fused SDPA, which tiles long sequences better
-# than the tree kernel (prefill of 8000 tokens: 1.58x HF's time through the kernel, HF's time
-# through SDPA); shorter ones (a draft's pending tokens) through the tree kernel, which needs
-# no host read of the lengths. SDPA's logits depend on the chain's length, which exactness does
+# than the tree kernel (docs/benchmarks.md: the kernel's prefill falls further behind the
+# longer the prompt); shorter ones (a draft's pending tokens) through the tree kernel, which
+# needs no host read of the lengths. SDPA's logits depend on the chain's length, which exactness does
 # not need: a prompt is prefilled by the same pass whatever the method (method=None included);
 # the verify loop's passes always carry a mask and take the row-invariant kernel.
 SDPA_MIN_CHAIN = 16

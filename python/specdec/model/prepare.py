@@ -50,15 +50,16 @@ class PackingConfig:
     ``pack_shared`` packs weights that another module also uses (a tied output head), at the cost
     of a packed copy beside the plain tensor.
     ``min_rows``: products over fewer rows are padded with zero rows to this many. oneDNN
-    reduces a one-row product in another order than products over 2 or more rows (measured:
-    whenever ``in_features > 1024``, fp32 and bf16), while every row count from 2 up gives a row
+    reduces a one-row product in another order than products over 2 or more rows (whenever
+    ``in_features > 1024``, fp32 and bf16), while every row count from 2 up gives a row
     the same bits; padding makes a token's logits independent of how many tokens share the pass,
     which keeps speculative decoding exact in bf16 (docs/verification.md). 4, because oneDNN's
-    4-row products measured faster here than its 1- and 2-row ones. 1 turns padding off.
+    4-row products run faster than its 1- and 2-row ones (docs/benchmarks.md): the padding is
+    free. 1 turns padding off.
 
     A draft model only proposes: its logits need not be the same for every row count, so
-    :meth:`for_draft` turns padding off (a one-token draft pass of Qwen2.5-Coder-0.5B in bf16:
-    19 ms instead of 21.5 on a 2-core AVX512-BF16 CPU).
+    :meth:`for_draft` turns padding off, which makes a small draft's one-token passes cheaper
+    (docs/benchmarks.md).
     """
 
     batch_hint: int = 16

@@ -12,9 +12,9 @@ from torch import Tensor
 
 from specdec import ops
 from specdec.renamed import take_aliases
-from specdec.model.prepare import PackedLinear, PackingConfig, dense_weight
 from specdec.model.cache import SpecCache
 from specdec.proposers.draft.tree import fed_slots, grow, select
+from specdec.proposers.draft.vocab import check_vocabulary, lowest_ids_head, vocab_size
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.loop.verify import draw
 from specdec.loop.random_streams import DRAFT, TOKEN
@@ -154,23 +154,6 @@ class DraftModel(Method):
               first: StepResult):
         return draft_proposer([self], target, prompt, prompt_len, max_length, ctx.shared_prefixes, ctx.prefix_donors)
 
-    def check_vocabulary(self, target: torch.nn.Module) -> int:
-        """The target's vocabulary size, after checking that the draft's ids mean the same
-        tokens (a mismatch would decode correctly but never speed anything up)."""
-        vocab = (_vocab_size(self.model), _vocab_size(target))
-        for name in ("eos_token_id", "bos_token_id"):
-            ids = [_setting(m, name) for m in (self.model, target)]
-            if None not in ids and ids[0] != ids[1]:
-                raise ValueError(f"DraftModel: the draft's {name} is {ids[0]}, the target's {ids[1]}: "
-                                 "the draft must use the target's tokenizer")
-        if vocab[0] != vocab[1] and (self.shared_vocab is None or min(vocab) < self.shared_vocab):
-            hint = ("" if self.shared_vocab is not None else
-                    "; if they differ only by padding rows past the tokenizer, pass "
-                    "DraftModel(..., shared_vocab=len(tokenizer))")
-            raise ValueError(f"DraftModel: the draft scores {vocab[0]} token ids, the target {vocab[1]}"
-                             f"{hint}")
-        return vocab[1]
-
     def reduced_head(self) -> torch.nn.Module | None:
         """The draft's LM head over ids ``0 .. draft_vocab_size - 1`` (None without ``draft_vocab_size``),
         made once per head module and device."""
@@ -179,17 +162,8 @@ class DraftModel(Method):
         lm_head = self.model.get_output_embeddings()
         key = (id(lm_head), str(self.model.device))
         if self._head is None or self._head[0] != key:
-            self._head = (key, _lowest_ids_head(lm_head, self.draft_vocab_size))
+            self._head = (key, lowest_ids_head(lm_head, self.draft_vocab_size))
         return self._head[1]
-
-
-def _vocab_size(model: torch.nn.Module) -> int:
-    return model.get_output_embeddings().out_features
-
-
-def _setting(model: torch.nn.Module, name: str):
-    value = getattr(model.config, name, None)
-    return tuple(value) if isinstance(value, list) else value
 
 
 def draft_proposer(drafts: Sequence[DraftModel], target: torch.nn.Module, prompt: Tensor,
@@ -202,9 +176,9 @@ def draft_proposer(drafts: Sequence[DraftModel], target: torch.nn.Module, prompt
     ``donors``: rows joining a batch whose prompts start as some of its rows'
     (`Context.prefix_donors`): their draft prefill waits for `join`, which copies those rows'
     draft entries and computes only the rest."""
-    target_vocab = drafts[0].check_vocabulary(target)
+    target_vocab = check_vocabulary(drafts[0].model, target, drafts[0].shared_vocab)
     for draft in drafts[1:]:
-        draft.check_vocabulary(target)
+        check_vocabulary(draft.model, target, draft.shared_vocab)
     return _DraftProposer(drafts, target_vocab, prompt, prompt_len, max_length, shared, donors)
 
 
@@ -222,7 +196,7 @@ class _DraftProposer(Proposer):
         self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots
         self.target_vocab = target_vocab
         # Ids every draft may propose: below the shared part of the vocabularies (and heads).
-        self.proposable = min(min(_vocab_size(d.model), d.shared_vocab or target_vocab,
+        self.proposable = min(min(vocab_size(d.model), d.shared_vocab or target_vocab,
                                   d.draft_vocab_size or target_vocab) for d in drafts)
         self.proposable = min(self.proposable, target_vocab)
         # Rows with donors: prefilled when they join the batch, from its draft caches.
@@ -442,24 +416,3 @@ class _DraftProposer(Proposer):
         # Keep only the drafts' entries of committed tokens; the new root is fed next step.
         for _, cache, _ in self.drafts:
             cache.rollback(torch.minimum(cache.lengths, ctx.lengths - 1))
-
-
-
-def _lowest_ids_head(lm_head: torch.nn.Module, n: int) -> torch.nn.Module:
-    """A copy of an LM head (``nn.Linear``, or prepared: ``PackedLinear``) scoring ids 0..n-1."""
-    try:
-        weight = dense_weight(lm_head)
-    except ValueError as e:
-        raise ValueError(f"DraftModel(draft_vocab_size=...) needs a linear LM head: {e}") from None
-    n = min(n, weight.shape[0])
-    sub = torch.nn.Linear(weight.shape[1], n, bias=lm_head.bias is not None,
-                          device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        sub.weight.copy_(weight[:n])
-        if lm_head.bias is not None:
-            sub.bias.copy_(lm_head.bias[:n])
-    # A prepared head stays prepared: packed, even one-row products are 2-3x faster on CPU. Not
-    # padded: a draft's logits need no row-count invariance (PackingConfig.for_draft).
-    config = PackingConfig.for_draft()
-    return (PackedLinear(sub, config.batch_hint, min_rows=config.min_rows) if isinstance(lm_head, PackedLinear)
-            else sub)

@@ -1,0 +1,67 @@
+"""A draft model's vocabulary: the check that it is the target's, and the reduced LM head
+(``DraftModel(draft_vocab_size=N)``) that scores only ids ``0 .. N-1``."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.model.prepare import PackedLinear, PackingConfig, dense_weight
+
+__all__ = ["check_vocabulary", "lowest_ids_head", "vocab_size"]
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """The number of token ids ``model``'s LM head scores."""
+    return model.get_output_embeddings().out_features
+
+
+def check_vocabulary(draft: torch.nn.Module, target: torch.nn.Module, shared_vocab: int | None = None) -> int:
+    """The target's vocabulary size, after checking that the draft's ids mean the same tokens
+    (a mismatch would decode correctly but never speed anything up). ``shared_vocab``: the two
+    heads may differ past this many ids (padding rows past the tokenizer)."""
+    vocab = (vocab_size(draft), vocab_size(target))
+    for name in ("eos_token_id", "bos_token_id"):
+        ids = [_setting(m, name) for m in (draft, target)]
+        if None not in ids and ids[0] != ids[1]:
+            raise ValueError(f"DraftModel: the draft's {name} is {ids[0]}, the target's {ids[1]}: "
+                             "the draft must use the target's tokenizer")
+    if vocab[0] != vocab[1] and (shared_vocab is None or min(vocab) < shared_vocab):
+        hint = ("" if shared_vocab is not None else
+                "; if they differ only by padding rows past the tokenizer, pass "
+                "DraftModel(..., shared_vocab=len(tokenizer))")
+        raise ValueError(f"DraftModel: the draft scores {vocab[0]} token ids, the target {vocab[1]}{hint}")
+    return vocab[1]
+
+
+def lowest_ids_head(lm_head: torch.nn.Module, n: int) -> torch.nn.Module:
+    """A copy of an LM head (``nn.Linear``, or prepared: ``PackedLinear``) scoring ids 0..n-1.
+
+    Example:
+        >>> head = torch.nn.Linear(8, 100)
+        >>> sub = lowest_ids_head(head, 10)
+        >>> x = torch.randn(2, 8)
+        >>> sub.out_features, torch.allclose(sub(x), head(x)[:, :10])
+        (10, True)
+    """
+    try:
+        weight = dense_weight(lm_head)
+    except ValueError as e:
+        raise ValueError(f"DraftModel(draft_vocab_size=...) needs a linear LM head: {e}") from None
+    n = min(n, weight.shape[0])
+    sub = torch.nn.Linear(weight.shape[1], n, bias=lm_head.bias is not None,
+                          device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        sub.weight.copy_(weight[:n])
+        if lm_head.bias is not None:
+            sub.bias.copy_(lm_head.bias[:n])
+    # A prepared head stays prepared: packed products are faster on CPU, one-row ones too
+    # (docs/benchmarks.md). Not padded: a draft's logits need no row-count invariance
+    # (PackingConfig.for_draft).
+    config = PackingConfig.for_draft()
+    return (PackedLinear(sub, config.batch_hint, min_rows=config.min_rows) if isinstance(lm_head, PackedLinear)
+            else sub)
+
+
+def _setting(model: torch.nn.Module, name: str):
+    value = getattr(model.config, name, None)
+    return tuple(value) if isinstance(value, list) else value
