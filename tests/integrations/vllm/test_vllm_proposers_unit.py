@@ -63,7 +63,7 @@ def test_an_untested_vllm_gets_an_error_naming_it(vllm_config, monkeypatch):
 def test_options_come_from_vllms_fields_and_additional_config(vllm_config):
     opts = Lookahead(with_options(vllm_config, ngram=3, max_ngram=4)).options
     assert (opts.num_speculative_tokens, opts.max_model_len, opts.vocab_size) == (K, 256, 49152)
-    assert (opts.ngram, opts.max_ngram, opts.min_ngram, opts.guess_set) == (3, 4, 1, 5)
+    assert (opts.ngram, opts.max_ngram, opts.min_ngram) == (3, 4, 1)
     assert PromptLookup(vllm_config).options.max_ngram == 3  # the defaults alone work
     opts = PromptLookup(with_options(vllm_config, prompt_lookup_min=2, prompt_lookup_max=4)).options
     assert (opts.min_ngram, opts.max_ngram) == (2, 4)  # vLLM's names for them
@@ -111,11 +111,15 @@ def test_a_request_in_a_finished_requests_row_starts_with_its_own_pool(vllm_conf
     assert Batch([9, 6, 7, 9, 6, 7]).propose(proposer, [[6, 7]]) == [[9, 6, 7, 9, 6]]
 
 
-def test_lookahead_falls_back_to_prompt_lookup_where_the_pool_has_nothing(vllm_config):
-    proposer = Lookahead(with_options(vllm_config, ngram=4, adaptive=False))
-    assert Batch([1, 3, 9]).propose(proposer, [[9]]) == [[]]  # neither has anything
-    # 3 was seen before with one follower: no 4-gram keyed by 3, prompt lookup copies [9, 3]
-    assert Batch([1, 3, 9, 3]).propose(proposer, [[3]]) == [[9, 3]]
+def test_lookahead_goes_on_from_the_pool_where_the_copy_stops(vllm_config):
+    lookahead = Lookahead(with_options(vllm_config, ngram=3, adaptive=False))
+    copy = PromptLookup(with_options(vllm_config, adaptive=False))
+    tokens = [1, 2, 3, 9, 1, 2]
+    # [1, 2] first occurred at 0: the copy [3, 9, 1, 2] reaches the end of the text; the pool
+    # knows 2 -> [3, 9] and goes on
+    assert Batch(tokens).propose(copy, [[2]]) == [[3, 9, 1, 2]]
+    assert Batch(tokens).propose(lookahead, [[2]]) == [[3, 9, 1, 2, 3]]
+    assert Batch([1, 3, 9]).propose(lookahead, [[9]]) == [[]]  # neither has anything
 
 
 def test_a_request_whose_drafts_are_rejected_proposes_fewer(vllm_config):

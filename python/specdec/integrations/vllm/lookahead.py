@@ -1,14 +1,15 @@
-"""vLLM proposer: lookahead's n-gram pool, fed from each request's prompt and output.
+"""vLLM proposer: prompt lookup, continued from lookahead's n-gram pool.
 
 vLLM verifies one chain of drafts per request, and its target pass has no room for lookahead's
 Jacobi window, so inside vLLM the pool is filled with the n-grams of each request's text (the
-prompt, then the output as vLLM commits it) and proposes chains from it: the most recent
-continuation (N - 1 tokens) of the request's last token, then of that continuation's last token,
-and so on up to the draft length. Where the pool has nothing for the last token, prompt lookup
-(``ngram_match``) proposes instead. The pool's state per request is a function of the tokens
-fed to it, so a request keeps an exact pool whichever row of vLLM's batch it moves to; one pool
-tensor holds every request's (a slot each), and each step inserts the batch's new n-grams in one
-op call and extends the chains in one lookup per N - 1 tokens.
+prompt, then the output as vLLM commits it). A draft is prompt lookup's copy (the longest
+matching context, ``ngram_match``), and where that is shorter than the request's draft length
+(the copy reached the end of the text, or nothing matched), the pool goes on: the most recent
+continuation (N - 1 tokens) of the draft's last token, then of that continuation's last token,
+and so on, hopping across the text where a copy stops. The pool's state per request is a
+function of the tokens fed to it, so a request keeps an exact pool whichever row of vLLM's batch
+it moves to; one pool tensor holds every request's (a slot each), and each step inserts the
+batch's new n-grams in one op call and extends the drafts in one lookup per N - 1 tokens.
 
 Example (a script)::
 
@@ -18,7 +19,7 @@ Example (a script)::
         llm = LLM(model="Qwen/Qwen2.5-Coder-0.5B-Instruct",
                   speculative_config={"method": "custom_class", "model": "specdec.vllm.Lookahead",
                                       "num_speculative_tokens": 8},
-                  additional_config={"specdec": {"ngram": 4, "guess_set": 5}})
+                  additional_config={"specdec": {"ngram": 4}})
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ class PoolRequest(Request):
 
 
 class PoolSlots:
-    """One :class:`~specdec.NGramPool` whose rows are handed out to requests and reset when freed.
+    """One n-gram pool (:class:`specdec.ops.NGramPool`) whose rows are handed out to requests and
+    reset when freed. It keeps one continuation per key, the most recent: a chain takes no other.
 
     Example:
-        >>> slots = PoolSlots(vocab=10, n=2, g=1, capacity=8)
+        >>> slots = PoolSlots(vocab=10, n=2, capacity=8)
         >>> a, b = slots.take(), slots.take()
         >>> slots.pool.insert(torch.tensor([[[1, 2]], [[1, 3]]]))
         >>> slots.free(a); slots.take() == a                # a freed slot is reused, empty
@@ -57,8 +59,8 @@ class PoolSlots:
         [0, 1]
     """
 
-    def __init__(self, vocab: int, n: int, g: int, capacity: int) -> None:
-        self._sizes = dict(vocab=vocab, n=n, g=g, capacity=capacity, dtype=torch.int32)
+    def __init__(self, vocab: int, n: int, capacity: int) -> None:
+        self._sizes = dict(vocab=vocab, n=n, g=1, capacity=capacity, dtype=torch.int32)
         self.pool = NGramPool(0, **self._sizes)
         self._free: list[int] = []
 
@@ -79,8 +81,8 @@ class PoolSlots:
 
 
 class Lookahead(PromptLookup):
-    """Chains from each request's n-gram pool as a vLLM ``custom_class`` proposer (prompt
-    lookup where the pool has nothing); options: see :mod:`specdec.integrations.vllm.options`."""
+    """Prompt lookup continued from each request's n-gram pool, as a vLLM ``custom_class``
+    proposer; options: see :mod:`specdec.integrations.vllm.options`."""
 
     options_type = LookaheadOptions
 
@@ -88,7 +90,7 @@ class Lookahead(PromptLookup):
         super().__init__(vllm_config)
         opts: LookaheadOptions = self.options  # type: ignore[assignment]
         # Each position of a request adds at most one n-gram: its pool never evicts.
-        self._slots = PoolSlots(opts.vocab_size, opts.ngram, opts.guess_set, opts.max_model_len)
+        self._slots = PoolSlots(opts.vocab_size, opts.ngram, opts.max_model_len)
         self._requests = RequestRows(lambda: PoolRequest(opts, self._slots.take()),
                                      release=lambda r: self._slots.free(r.slot))
 
@@ -98,12 +100,17 @@ class Lookahead(PromptLookup):
         entries = self._requests.step(token_ids_cpu, num_tokens_no_spec, len(sampled_token_ids))
         self._insert(entries)
         limits = draft_limits(entries, sampled_token_ids, num_tokens_no_spec, self.options)
-        draft, count = self._chains(entries, limits)
-        if (missing := (count == 0) & (limits > 0)).any():
-            copied, copied_count = lookup(token_ids_cpu, num_tokens_no_spec, np.where(missing, limits, 0),
-                                          self.options)
-            draft = torch.where(torch.from_numpy(missing)[:, None], copied.to(draft.dtype), draft)
-            count = np.where(missing, copied_count, count)
+        draft, count = lookup(token_ids_cpu, num_tokens_no_spec, limits, self.options)
+        if ((rest := limits - count) > 0).any():
+            # The pool goes on from the copy's last token, or the request's where nothing was copied.
+            last = [int(draft[i, n - 1]) if n else (int(e.tokens[-1]) if len(e.tokens) else -1)
+                    for i, (e, n) in enumerate(zip(entries, count.tolist()))]
+            chain, found = self._chains(entries, np.where(rest > 0, last, -1), rest)
+            rows, cols = torch.arange(len(entries))[:, None], torch.arange(draft.shape[1])[None, :]
+            take = cols < torch.from_numpy(found)[:, None]
+            where = torch.from_numpy(count)[:, None] + cols
+            draft[rows.expand_as(take)[take], where[take]] = chain[take].to(draft.dtype)
+            count = count + found
         return as_lists(draft, count, entries)
 
     def _insert(self, entries: list[Tracked[PoolRequest]]) -> None:
@@ -120,22 +127,21 @@ class Lookahead(PromptLookup):
                 ngrams[slot, : len(windows)] = windows
         self._slots.pool.insert(ngrams)
 
-    def _chains(self, entries: list[Tracked[PoolRequest]], limits: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """Per row, the pool's chain from its last token: ``(draft [rows, K], count [rows])``."""
+    def _chains(self, entries: list[Tracked[PoolRequest]], keys: np.ndarray,
+                want: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """Per row, the pool's chain from token ``keys[i]`` (-1: none): the most recent
+        continuation of the key, then of that continuation's last token, and so on:
+        ``(chain [rows, K], found [rows])``, ``found`` at most ``want``."""
         K = self.options.num_speculative_tokens
         slots = torch.tensor([e.state.slot for e in entries], dtype=torch.long)
-        keys = torch.full((self._slots.size,), -1, dtype=torch.int32)
-        going = torch.from_numpy(limits > 0)
-        last = [int(e.tokens[-1]) if len(e.tokens) else -1 for e in entries]
-        keys[slots[going]] = torch.tensor(last, dtype=torch.int32)[going]
+        pool_keys = torch.full((self._slots.size,), -1, dtype=torch.int32)
+        pool_keys[slots] = torch.from_numpy(np.asarray(keys, dtype=np.int32))
         chain = torch.full((self._slots.size, 0), -1, dtype=torch.int32)
-        while chain.shape[1] < K:
-            candidates, found = self._slots.pool.lookup(keys)
-            step = torch.where((found > 0)[:, None], candidates[:, 0], -1)
+        while chain.shape[1] < K and bool((pool_keys >= 0).any()):
+            candidates, count = self._slots.pool.lookup(pool_keys)
+            step = torch.where((count > 0)[:, None], candidates[:, 0], -1)
             chain = torch.cat([chain, step], dim=1)
-            keys = step[:, -1]
-            if not bool((keys >= 0).any()):
-                break
-        rows = chain[slots, :K]
-        count = (rows >= 0).cumprod(1).sum(1).numpy()
-        return torch.nn.functional.pad(rows, (0, K - rows.shape[1]), value=-1), np.minimum(count, limits)
+            pool_keys = step[:, -1]
+        rows = torch.nn.functional.pad(chain[slots, :K], (0, max(K - chain.shape[1], 0)), value=-1)
+        found = (rows >= 0).cumprod(1).sum(1).numpy()
+        return rows, np.minimum(found, want)

@@ -67,19 +67,15 @@ class LookupOptions:
 
 @dataclass(frozen=True)
 class LookaheadOptions(LookupOptions):
-    """Lookahead's options: prompt lookup's (used where the pool has nothing for a request's
-    last token), and the n-gram pool's ``ngram`` (N: a key token and N - 1 continuation
-    tokens) and ``guess_set`` (continuations kept per key token)."""
+    """Lookahead's options: prompt lookup's (its copy comes first), and the n-gram pool's
+    ``ngram`` (N: a key token and N - 1 continuation tokens)."""
 
     ngram: int = 4
-    guess_set: int = 5
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.ngram < 2:
             raise ValueError(f"ngram must be >= 2 (a key token and a continuation), got {self.ngram}")
-        if self.guess_set < 1:
-            raise ValueError(f"guess_set must be >= 1, got {self.guess_set}")
 
 
 _O = TypeVar("_O", bound=LookupOptions)
