@@ -63,11 +63,12 @@ class CostModel:
 
     Measurements are smoothed, a slow one counts as at most ``OUTLIER`` times the estimate, and
     a pass is never priced above a wider one: a shared machine's slow spells do not take a
-    width out of use. A measurement far below its estimate (under 1 / ``OUTLIER`` of it) ends a
-    slow spell: it replaces the estimate, and every estimate the spell left raised (above
-    ``OUTLIER`` times the lowest it has been) goes back to that lowest value. Without this, the
-    widths a spell priced out are no longer used, so no longer measured, and the policy would
-    stay small after the spell has gone.
+    width out of use. While a slow spell has left estimates raised (above ``OUTLIER`` times the
+    lowest they have been), a measurement far below its estimate (under 1 / ``OUTLIER`` of it)
+    ends the spell: it replaces that estimate, and the raised ones go back to their lowest.
+    Without this, the widths a spell priced out are no longer used, so no longer measured, and
+    the policy would stay small after the spell has gone. (Measurements below a profile that
+    nothing raised are smoothed as any others.)
 
     Example:
         >>> profile = {1: 50.0, 8: 60.0, 32: 200.0}   # one row over k tokens, ms
@@ -136,10 +137,12 @@ class CostModel:
             {1: 100.0, 8: 140.0, 16: 185.0}
         """
         old = self.target_ms.get(n)
-        if old is not None and ms * OUTLIER < old:  # a slow spell has gone (see the class)
-            for i, value in self.target_ms.items():
-                if value > OUTLIER * self.lowest_ms.get(i, value):
-                    self.target_ms[i] = self.lowest_ms[i]
+        far_below = old is not None and ms * OUTLIER < old
+        raised = [i for i, value in self.target_ms.items()
+                  if far_below and value > OUTLIER * self.lowest_ms.get(i, value)]
+        if raised:  # a slow spell has gone
+            for i in raised:
+                self.target_ms[i] = self.lowest_ms[i]
             self.target_ms[n] = ms
         else:
             self.target_ms[n] = self._smoothed(old, ms)
