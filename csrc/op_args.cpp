@@ -12,6 +12,12 @@
 namespace specdec {
 namespace {
 
+// The floating dtypes the kernels dispatch on (not the float8 types, which isFloatingType
+// includes).
+bool is_compute_float(at::ScalarType s) {
+  return s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble;
+}
+
 std::string shape_str(at::IntArrayRef shape) {
   std::ostringstream s;
   s << '[';
@@ -33,9 +39,8 @@ void check_index(const at::Tensor& t, const char* op, const char* name, int64_t 
 }
 
 void check_probs(const at::Tensor& t, const char* op, const char* name, int64_t dim) {
-  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "specdec.", op, ": ", name,
-                   " must be a floating tensor (float32, float16, bfloat16), got ",
-                   t.scalar_type());
+  TORCH_CHECK_TYPE(is_compute_float(t.scalar_type()), "specdec.", op, ": ", name,
+                   " must be float32, float16, bfloat16 or float64, got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == dim, "specdec.", op, ": ", name, " must have ", dim,
                     " dimensions, got shape ", t.sizes());
 }
@@ -44,6 +49,13 @@ void check_uniform(const at::Tensor& t, const char* op, at::IntArrayRef shape) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "specdec.", op,
                    ": uniform must be float32, got ", t.scalar_type());
   check_shape(t, op, "uniform", shape);
+}
+
+void check_cache(const at::Tensor& t, const char* op, const char* name, int64_t dim) {
+  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "specdec.", op, ": ", name,
+                   " must be a floating tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, "specdec.", op, ": ", name, " must have ", dim,
+                    " dimensions, got shape ", t.sizes());
 }
 
 void check_shape(const at::Tensor& t, const char* op, const char* name, at::IntArrayRef shape) {
@@ -121,6 +133,9 @@ int64_t check_target(const at::Tensor& target, const at::Tensor& ids_like, const
                      int64_t B, int64_t N) {
   check_device(target, ids_like, op, "target");
   if (at::isFloatingType(target.scalar_type())) {
+    TORCH_CHECK_TYPE(is_compute_float(target.scalar_type()), "specdec.", op,
+                     ": target logits must be float32, float16, bfloat16 or float64, got ",
+                     target.scalar_type());
     check_shape(target, op, "target", {B, N, -1});
     TORCH_CHECK_VALUE(target.size(2) >= 1, "specdec.", op, ": target logits have an empty vocabulary");
     return target.size(2);
@@ -421,10 +436,10 @@ CommitDims check_kv_commit(at::TensorList k_caches, at::TensorList v_caches,
   TORCH_CHECK_VALUE(static_cast<int64_t>(v_caches.size()) == L, "specdec.", op, ": k_caches has ",
                     L, " layers but v_caches has ", v_caches.size());
   const at::Tensor& k0 = k_caches[0];
-  check_probs(k0, op, "k_caches", 4);
+  check_cache(k0, op, "k_caches", 4);
   const int64_t B = k0.size(0), S = k0.size(2);
   const at::Tensor& v0 = v_caches[0];
-  check_probs(v0, op, "v_caches", 4);
+  check_cache(v0, op, "v_caches", 4);
   check_shape(v0, op, "v_caches", {B, -1, S, -1});
   for (const auto& [list, ref, name] :
        {std::tuple{k_caches, &k0, "k_caches"}, std::tuple{v_caches, &v0, "v_caches"}}) {

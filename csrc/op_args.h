@@ -11,7 +11,11 @@ namespace specdec {
 
 // Shapes and dtypes (no data access; valid for tensors on any device).
 void check_index(const at::Tensor& t, const char* op, const char* name, int64_t dim);
+// Probabilities, logits, queries: float32, float16, bfloat16 or float64 (what the kernels compute
+// with), `dim` dimensions.
 void check_probs(const at::Tensor& t, const char* op, const char* name, int64_t dim);
+// A KV cache, whose entries are only copied: any floating dtype (float8 too).
+void check_cache(const at::Tensor& t, const char* op, const char* name, int64_t dim);
 void check_uniform(const at::Tensor& t, const char* op, at::IntArrayRef shape);
 void check_shape(const at::Tensor& t, const char* op, const char* name, at::IntArrayRef shape);
 void check_same_dtype(const at::Tensor& t, const at::Tensor& ref, const char* op,

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The CUDA simulation (docs/cuda_simulation.md): builds csrc/cuda with the host compiler and gcov
-# instrumentation into build/cuda_sim (libspecdec_cuda_sim.so), runs the op tests on the
-# simulated device (tests/ops, the cuda_sim parameter), and prints csrc/cuda's line coverage,
-# ending with `csrc/cuda lines executed: N of M (P%)`. Exits non-zero when the build or a test
-# fails. PYTHON: the interpreter whose torch to build against and test with (default .venv's);
-# extra arguments go to pytest.
+# instrumentation into build/cuda_sim (libspecdec_cuda_sim.so), runs tests/ops on the simulated
+# device (the op tests' cuda_sim parameter and the simulation's own tests), and prints
+# csrc/cuda's line coverage, ending with `csrc/cuda lines executed: N of M (P%)`. Exits non-zero
+# when the build or a test fails. PYTHON: the interpreter whose torch to build against and test
+# with (default .venv's); extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py="$(realpath "${PYTHON:-.venv/bin/python}")"
+py="${PYTHON:-.venv/bin/python}"
+py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")"  # absolute, symlinks kept (a venv's)
 build=build/cuda_sim
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi

@@ -21,7 +21,8 @@ def line_counts(build: Path) -> dict[Path, dict[int, int]]:
     counts: dict[Path, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     gcdas = sorted(build.rglob("*.gcda"))
     if not gcdas:
-        sys.exit(f"no .gcda files under {build}: build with SPECDEC_CUDA_SIM_COVERAGE=ON and run the tests")
+        sys.exit(f"no .gcda files under {build}: build with SPECDEC_CUDA_SIM_COVERAGE=ON and "
+                 "run the tests")
     out = subprocess.run(["gcov", "--json-format", "--stdout", *map(str, gcdas)], cwd=build,
                          capture_output=True, text=True, check=True).stdout
     for doc in out.splitlines():

@@ -6,9 +6,10 @@
 //   void sync()                           makes every thread's earlier writes visible to all
 //   float sum(n, f, skip)                 sum of f(j) for j < n; f is called once per j, and
 //                                         may write element j of a scratch row
-//   int64_t sample(n, w, total, u, skip)  smallest j with w(0) + ... + w(j) > u * total and
-//                                         w(j) > 0; the largest j with w(j) > 0 when rounding
-//                                         leaves none; -1 when all are zero
+//   int64_t draw(n, w, u, skip)           -1 when every w(j) is zero; else, with total the sum
+//                                         of the w(j), the smallest j with w(0) + ... + w(j) >
+//                                         u * total and w(j) > 0, or the largest j with
+//                                         w(j) > 0 when rounding leaves none
 // Every thread of an executor runs the same control flow and gets the same results; the CPU
 // executor is a single thread, the CUDA one a thread block.
 #pragma once
@@ -21,9 +22,7 @@ namespace specdec::core {
 SPECDEC_HD_TEMPLATE
 template <class Exec, class W>
 SPECDEC_HD int64_t sample_weights(Exec& ex, int64_t n, W w, float u) {
-  const float total = ex.sum(n, w);
-  if (!(total > 0.f)) return -1;
-  return ex.sample(n, w, total, u);
+  return ex.draw(n, w, u);
 }
 
 // Draws from the weights w(j) >= 0 without index x (x outside [0, n): nothing excluded), with
@@ -34,9 +33,7 @@ SPECDEC_HD int64_t sample_weights(Exec& ex, int64_t n, W w, float u) {
 SPECDEC_HD_TEMPLATE
 template <class Exec, class W>
 SPECDEC_HD int64_t sample_weights_without(Exec& ex, int64_t n, W w, int64_t x, float u) {
-  const float total = ex.sum(n, w, x);
-  if (!(total > 0.f)) return -1;
-  return ex.sample(n, w, total, u, x);
+  return ex.draw(n, w, u, x);
 }
 
 SPECDEC_HD_TEMPLATE

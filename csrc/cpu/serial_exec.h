@@ -46,7 +46,14 @@ struct SerialExec {
   }
 
   template <class W>
-  int64_t sample(int64_t n, W w, float total, float u, int64_t skip = -1) {
+  int64_t draw(int64_t n, W w, float u, int64_t skip = -1) {
+    const float total = sum(n, w, skip);
+    return total > 0.f ? sample(n, w, total, u, skip) : -1;
+  }
+
+ private:
+  template <class W>
+  int64_t sample(int64_t n, W w, float total, float u, int64_t skip) {
     const double threshold = static_cast<double>(u) * total;
     double cumulative = 0.0;
     int64_t last_block = -1;  // the last block with positive weight, for the rounding fallback

@@ -23,6 +23,7 @@
 
 #include "core/attention.h"
 #include "cuda/launch.cuh"
+#include "cuda/warp.cuh"
 #include "op_args.h"
 
 namespace specdec::cuda {
@@ -53,15 +54,6 @@ struct AttnParams {
   float scale;
   int64_t tile_rows, chunk, split_len, num_splits;
 };
-
-__device__ inline float warp_max(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ inline float warp_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 
 template <class scalar_t, class I>
 __global__ void __launch_bounds__(kAttnThreads)

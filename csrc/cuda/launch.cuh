@@ -47,7 +47,8 @@ void launch(const char* op, void (*kernel)(P...), Grid grid, int threads, size_t
                         grid.z >= 1 && grid.z <= kMaxGridYZ,
                     "specdec.", op, ": the inputs need a grid of (", grid.x, ", ", grid.y, ", ",
                     grid.z, ") blocks, beyond what one CUDA launch takes (2^31 - 1, 65535, 65535)");
-  TORCH_CHECK(threads >= 1 && threads <= kMaxBlockThreads && dynamic_smem <= static_cast<size_t>(kMaxSharedBytes),
+  TORCH_CHECK(threads >= 1 && threads <= kMaxBlockThreads &&
+                  dynamic_smem <= static_cast<size_t>(kMaxSharedBytes),
               "specdec.", op, ": a launch of ", threads, " threads with ", dynamic_smem,
               " bytes of shared memory per block exceeds a CUDA block's limits");
   launch_kernel(kernel, grid.x, grid.y, grid.z, threads, dynamic_smem, device, args...);

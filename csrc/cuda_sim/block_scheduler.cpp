@@ -46,7 +46,8 @@ std::atomic<int> simulated_sms{132};
 std::atomic<uint64_t> launches{0};
 
 Block& block() {
-  TORCH_CHECK(running && running->current, "CUDA simulation: a device function ran outside a kernel");
+  TORCH_CHECK(running && running->current,
+              "CUDA simulation: a device function ran outside a kernel");
   return *running;
 }
 
@@ -70,14 +71,16 @@ std::string summary(const std::vector<Thread>& threads, size_t begin, size_t end
     const std::string what = describe(threads[i]);
     size_t j = i;
     while (j + 1 < end && describe(threads[j + 1]) == what) ++j;
-    const std::string range = i == j ? std::to_string(i) : std::to_string(i) + "-" + std::to_string(j);
+    const std::string range =
+        i == j ? std::to_string(i) : std::to_string(i) + "-" + std::to_string(j);
     auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == what; });
     if (it == groups.end()) groups.push_back({what, range});
     else it->second += ", " + range;
     i = j + 1;
   }
   std::string s;
-  for (auto& [what, which] : groups) s += (s.empty() ? "" : "; ") + ("threads " + which + ": " + what);
+  for (auto& [what, which] : groups)
+    s += (s.empty() ? "" : "; ") + ("threads " + which + ": " + what);
   return s;
 }
 
@@ -210,7 +213,8 @@ void sync_threads(const char* file, int line) {
   yield_to_scheduler();
 }
 
-uint64_t warp_exchange(unsigned mask, uint64_t bits, unsigned lane_xor, const char* file, int line) {
+uint64_t warp_exchange(unsigned mask, uint64_t bits, unsigned lane_xor, const char* file,
+                       int line) {
   Block& b = block();
   Thread& t = *b.current;
   if (mask != 0xffffffffu) {
@@ -263,7 +267,8 @@ void run_grid(Dim3 grid, Dim3 block_dims, size_t dynamic_smem, const std::functi
 
 int sm_count() { return simulated_sms.load(); }
 int64_t set_sm_count(int64_t n) {
-  TORCH_CHECK_VALUE(n >= 1 && n <= 65536, "set_sm_count: the number of SMs must be in [1, 65536], got ", n);
+  TORCH_CHECK_VALUE(n >= 1 && n <= 65536,
+                    "set_sm_count: the number of SMs must be in [1, 65536], got ", n);
   return simulated_sms.exchange(static_cast<int>(n));
 }
 

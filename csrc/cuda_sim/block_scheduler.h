@@ -48,7 +48,8 @@ uint64_t warp_exchange(unsigned mask, uint64_t bits, unsigned lane_xor, const ch
 template <class T>
 T shfl_xor(const char* file, int line, unsigned mask, T value, int lane_mask, int width = 32) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
-  if (width != 32) fail("__shfl_xor_sync with width " + std::to_string(width) + " (only 32 is simulated)");
+  if (width != 32)
+    fail("__shfl_xor_sync with width " + std::to_string(width) + " (only 32 is simulated)");
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof(T));
   bits = warp_exchange(mask, bits, static_cast<unsigned>(lane_mask), file, line);

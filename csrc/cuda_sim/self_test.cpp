@@ -101,4 +101,6 @@ at::Tensor self_test(const std::string& name) {
 }  // namespace
 }  // namespace specdec::sim
 
-TORCH_LIBRARY_FRAGMENT(specdec_cuda_sim, m) { m.def("self_test(str name) -> Tensor", &specdec::sim::self_test); }
+TORCH_LIBRARY_FRAGMENT(specdec_cuda_sim, m) {
+  m.def("self_test(str name) -> Tensor", &specdec::sim::self_test);
+}

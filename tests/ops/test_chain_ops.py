@@ -38,6 +38,20 @@ def test_chain_sampling_matches_reference(device, index_dtype, B, K, V, with_dra
     assert_matches_reference(got, want, device)
 
 
+def test_chain_sampling_draws_from_a_vocabulary_beyond_1024_chunks(device):
+    # Above 1024 chunks of 512 (V > 524288) a CUDA draw's chunks hold several 512-token steps
+    # (docs/cuda_kernels.md). Every draft is rejected (p(x) < u), so every row draws.
+    gen = torch.Generator().manual_seed(4)
+    B, V = 8, 600_000
+    p = torch.rand(B, 2, V, generator=gen)
+    p /= p.sum(-1, keepdim=True)
+    ids = torch.randint(0, V, (B, 1), generator=gen)
+    u = torch.stack([torch.ones(B), torch.rand(B, generator=gen)], 1)
+    want = ref.chain_speculative_sampling(None, ids, p, u)
+    got = ops.chain_speculative_sampling(None, ids.to(device), p.to(device), u.to(device))
+    assert_matches_reference(got, want, device)
+
+
 def test_chain_sampling_by_hand(device):
     # Row 0: p puts everything on the drafts: all accepted, bonus from p_K (token 3).
     # Row 1: the second draft has p = 0: rejected; the token is drawn from p_1 without it.

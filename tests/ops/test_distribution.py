@@ -1,10 +1,10 @@
 """The sampling ops are lossless: emitted tokens follow the target's distribution.
 
-Each test verifies N >= 1e5 independent rows in one call and checks the empirical distribution
-of the emitted tokens against the exact target distribution by total-variation distance, at
-3 / sqrt(n) for n samples (about three times the expected distance on these small
-vocabularies). The drafts of every row are drawn afresh from the draft distribution, as a real
-drafter would.
+Each test verifies N >= 1e5 independent rows (1e4 on the simulated GPU) in one call and checks
+the empirical distribution of the emitted tokens against the exact target distribution by
+total-variation distance, at 3 / sqrt(n) for n samples (about three times the expected
+distance on these small vocabularies). The drafts of every row are drawn afresh from the draft
+distribution, as a real drafter would.
 """
 
 import torch
@@ -13,6 +13,12 @@ from support.ops import random_probs
 from specdec import ops
 
 N = 100_000
+
+
+def rows(device) -> int:
+    """N; a tenth of it on the simulated GPU (docs/cuda_simulation.md), whose 512 fibers per row
+    take about a millisecond (the bounds scale with the number of rows)."""
+    return N // 10 if device == "cuda_sim" else N
 
 
 def tv(samples: torch.Tensor, probs: torch.Tensor) -> float:
@@ -45,6 +51,7 @@ def assert_conditionals_follow(given: torch.Tensor, then: torch.Tensor, dists: t
 def test_chain_sampling_is_lossless(device):
     # The target's next-token distribution depends on the previous token (a bigram model), so
     # conditional distributions along the chain are checked too.
+    N = rows(device)
     gen = torch.Generator().manual_seed(0)
     V, K = 6, 3
     first = random_probs(V, gen=gen)
@@ -66,7 +73,7 @@ def test_chain_sampling_is_lossless(device):
         out, n = out.cpu(), n.cpu()
         assert_follows(out[:, 0], first)
         # Given the first emitted token x was an accepted draft, the second follows bigram[x].
-        assert_conditionals_follow(torch.where(n >= 1, out[:, 0], -1), out[:, 1], bigram)
+        assert_conditionals_follow(torch.where(n >= 1, out[:, 0], -1), out[:, 1], bigram, N // 100)
         assert 0 < float(n.float().mean()) < K  # both acceptances and rejections occurred
 
 
@@ -76,6 +83,7 @@ def test_tree_sampling_is_lossless_deterministic_drafts(device):
     #     1  2  3
     #    / \
     #   4   5
+    N = rows(device)
     gen = torch.Generator().manual_seed(1)
     V = 6
     parents = torch.tensor([-1, 0, 0, 0, 1, 1]).expand(N, 6)
@@ -90,12 +98,13 @@ def test_tree_sampling_is_lossless_deterministic_drafts(device):
     assert_follows(first, root)
     # Given the first token x came from an accepted node, the next one follows bigram[x].
     second = torch.where(n >= 2, tokens.gather(1, path[:, 2:3].clamp_min(0))[:, 0], nxt)
-    assert_conditionals_follow(torch.where(n >= 1, first, -1), second, bigram)
+    assert_conditionals_follow(torch.where(n >= 1, first, -1), second, bigram, N // 100)
 
 
 def test_tree_sampling_is_lossless_stochastic_drafts(device):
     # Root with three children drawn from q: i.i.d. (with replacement), or without replacement
     # (each sibling's draft distribution excludes the earlier siblings' tokens).
+    N = rows(device)
     gen = torch.Generator().manual_seed(2)
     V, C = 5, 3
     parents = torch.tensor([-1, 0, 0, 0]).expand(N, C + 1)
@@ -119,7 +128,7 @@ def test_tree_sampling_is_lossless_stochastic_drafts(device):
         path, n, nxt = path.cpu(), n.cpu(), nxt.cpu()
         first = torch.where(n >= 1, tokens.gather(1, path[:, 1:2].clamp_min(0))[:, 0], nxt)
         assert_follows(first, root)
-        assert_conditionals_follow(torch.where(n >= 1, first, -1), nxt, bigram)
+        assert_conditionals_follow(torch.where(n >= 1, first, -1), nxt, bigram, N // 100)
 
 
 def peaked_rows(B: int, V: int, x: int, gen: torch.Generator) -> torch.Tensor:
@@ -157,5 +166,6 @@ def test_rejecting_a_peaked_token_draws_from_the_rest(device):
     for drawn in (out[:, 0].cpu(), nxt.cpu()):
         assert ((drawn >= 0) & (drawn < V)).all() and (drawn != x).all()
         assert int((drawn == V - 1).sum()) <= int((exact == V - 1).sum()) + 2
-        # Rounding may move a draw across a token boundary, rarely.
-        assert float((drawn == exact).double().mean()) > 0.9
+        # Rounding may move a draw across a token boundary, rarely: the cumulative weights are
+        # float64 sums of float32 sums of at most 512 weights (CUDA: docs/cuda_kernels.md).
+        assert float((drawn == exact).double().mean()) > 0.99

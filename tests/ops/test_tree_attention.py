@@ -146,7 +146,7 @@ def bad_calls(q, k, v, prefix_len, mask, values: bool):
     value checks, which read the data (CPU tensors only)."""
     cases = [
         ((q[0], k, v, prefix_len, mask), ValueError, "q must have 4"),
-        ((q.long(), k, v, prefix_len, mask), TypeError, "q must be a floating"),
+        ((q.long(), k, v, prefix_len, mask), TypeError, "q must be float32, float16, bfloat16 or float64"),
         ((q, k.double(), v, prefix_len, mask), TypeError, "k_cache must have the dtype"),
         ((q, k[:, :, :, :8], v, prefix_len, mask), ValueError, "k_cache must have shape"),
         ((q, k, v[:, :1], prefix_len, mask), ValueError, "v_cache must have shape"),

@@ -4,7 +4,8 @@
 - support.models: tiny random-weight causal LMs (no download);
 - support.passes: token trees and passes of the model layer;
 - support.decoding: prompts, HF's greedy reference, the greedy-identity and sampling checks;
-- support.proposers: Medusa heads for tests, recording wrappers, every method by name.
+- support.proposers: Medusa heads for tests, recording wrappers, every method by name;
+- support.cuda_sim: the simulated GPU as a test device (docs/cuda_simulation.md).
 
 ``from support import X`` still gives the op helpers (the benchmarks in bench/ use them)."""
 

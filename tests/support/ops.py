@@ -6,8 +6,13 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-# Every op test runs on each device present: CPU here, CUDA too wherever a GPU exists.
+from . import cuda_sim
+
+# Every op test runs on each device present: CPU here, CUDA too wherever a GPU exists, and the
+# simulated GPU where tools/cuda_sim.sh gives its library (support/cuda_sim.py).
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+if cuda_sim.load():
+    DEVICES.append(pytest.param(cuda_sim.SimDevice(), id="cuda_sim"))
 
 
 def random_probs(*shape: int, gen: torch.Generator, sparsity: float = 0.3) -> torch.Tensor:

@@ -45,10 +45,22 @@ def check_index_like(t: Tensor, ref: Tensor, op: str, name: str, ref_name: str, 
     check_device(t, ref, op, name)
 
 
+# The floating dtypes the kernels dispatch on (not the float8 types).
+COMPUTE_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def check_probs(t: Tensor, op: str, name: str, dim: int) -> None:
-    fail_unless(t.is_floating_point(), op,
-                 lambda: f"{name} must be a floating tensor (float32, float16, bfloat16), "
-                 f"got {t.dtype}", torch._check_type)
+    fail_unless(t.dtype in COMPUTE_FLOATS, op,
+                 lambda: f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}",
+                 torch._check_type)
+    fail_unless(t.dim() == dim, op,
+                 lambda: f"{name} must have {dim} dimensions, got shape {list(t.shape)}")
+
+
+def check_cache(t: Tensor, op: str, name: str, dim: int) -> None:
+    """A KV cache, whose entries are only copied: any floating dtype (float8 too)."""
+    fail_unless(t.is_floating_point(), op, lambda: f"{name} must be a floating tensor, got {t.dtype}",
+                torch._check_type)
     fail_unless(t.dim() == dim, op,
                  lambda: f"{name} must have {dim} dimensions, got shape {list(t.shape)}")
 
@@ -97,6 +109,9 @@ def check_target(target: Tensor, ids: Tensor, op: str, B, N) -> None:
     """A greedy op's target: token ids [B, N] (ids' dtype) or logits [B, N, V]."""
     check_device(target, ids, op, "target")
     if target.is_floating_point():
+        fail_unless(target.dtype in COMPUTE_FLOATS, op,
+                     lambda: "target logits must be float32, float16, bfloat16 or float64, "
+                     f"got {target.dtype}", torch._check_type)
         check_shape(target, op, "target", (B, N, None))
         fail_unless(target.shape[2] >= 1, op, "target logits have an empty vocabulary")
         return

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.ops.checks import (check_device, check_index, check_index_like, check_out, check_pool_tables, check_probs,
-                                 check_same_dtype, check_shape, check_target, check_tree_outputs, check_uniform, fail_unless)
+from specdec.ops.checks import (check_cache, check_device, check_index, check_index_like,
+                                 check_out, check_pool_tables, check_probs, check_same_dtype,
+                                 check_shape, check_target, check_tree_outputs, check_uniform,
+                                 fail_unless)
 
 
 @torch.library.register_fake("specdec::chain_speculative_sampling")
@@ -170,9 +172,9 @@ def _(k_caches, v_caches, lengths, src_pos, accept_len):
     fail_unless(len(v_caches) == len(k_caches), op,
                  f"k_caches has {len(k_caches)} layers but v_caches has {len(v_caches)}")
     k0, v0 = k_caches[0], v_caches[0]
-    check_probs(k0, op, "k_caches", 4)
+    check_cache(k0, op, "k_caches", 4)
     B, S = k0.shape[0], k0.shape[2]
-    check_probs(v0, op, "v_caches", 4)
+    check_cache(v0, op, "v_caches", 4)
     check_shape(v0, op, "v_caches", (B, None, S, None))
     for caches, ref, name in ((k_caches, k0, "k_caches"), (v_caches, v0, "v_caches")):
         for c in caches:
