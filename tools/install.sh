@@ -19,7 +19,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vllm="${VLLM:-0}"
-[ "${1:-}" = "--vllm" ] && vllm=1
+case "${1:-}" in
+  --vllm) vllm=1 ;;
+  "") ;;
+  *) echo "usage: bash tools/install.sh [--vllm]" >&2; exit 2 ;;
+esac
 if [ "$vllm" = 1 ]; then venv="${VENV:-.venv-vllm}"; else venv="${VENV:-.venv}"; fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
