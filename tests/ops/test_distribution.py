@@ -26,8 +26,8 @@ def tv(samples: torch.Tensor, probs: torch.Tensor) -> float:
     return 0.5 * float((counts / counts.sum() - probs.double()).abs().sum())
 
 
-def assert_follows(samples: torch.Tensor, probs: torch.Tensor) -> None:
-    assert samples.numel() >= 1000, "too few samples to test"
+def assert_follows(samples: torch.Tensor, probs: torch.Tensor, min_samples: int = 1000) -> None:
+    assert samples.numel() >= min_samples, "too few samples to test"
     assert (samples >= 0).all()
     assert (probs[samples.long()] > 0).all(), "a zero-probability token was emitted"
     assert tv(samples, probs) < 3 / samples.numel() ** 0.5
@@ -42,7 +42,7 @@ def assert_conditionals_follow(given: torch.Tensor, then: torch.Tensor, dists: t
     for x in range(dists.shape[0]):
         rows = given == x
         if int(rows.sum()) >= min_rows:
-            assert_follows(then[rows], dists[x])
+            assert_follows(then[rows], dists[x], min_rows)
             checked += int(rows.sum())
     total = int((given >= 0).sum())
     assert checked >= 0.9 * total > 0, f"conditionals checked on {checked} of {total} rows"
