@@ -75,19 +75,19 @@ def test_sampling_follows_the_target_distribution(name):
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_reduced_draft_head_greedy_identity(family):
     target = tiny_lm(family, seed=5)
-    method = specdec.DraftModel(perturbed(target, 0.05, 4), 4, adaptive=True, head_tokens=40)
+    method = specdec.DraftModel(perturbed(target, 0.05, 4), 4, adaptive=True, draft_vocab_size=40)
     out = assert_greedy_identity(target, PROMPTS, method)
     assert out.stats.total_accepted > 0
 
 
 def test_reduced_draft_head_scores_the_lowest_ids():
     draft = tiny_lm("llama", seed=1)
-    method = specdec.DraftModel(draft, head_tokens=5)
+    method = specdec.DraftModel(draft, draft_vocab_size=5)
     hidden = torch.randn(2, 1, 64)
     want = draft.lm_head(hidden)[..., :5]
     torch.testing.assert_close(method.reduced_head()(hidden), want)
     assert method.reduced_head() is method.reduced_head()  # made once
-    specdec.accelerate_verification(draft)  # the prepared head keeps only its packed weight
+    specdec.pack_linear_layers(draft)  # the prepared head keeps only its packed weight
     torch.testing.assert_close(method.reduced_head()(hidden), want, rtol=1e-5, atol=1e-6)
     # A draft only proposes: its reduced head never pads one-row products (the faster path).
     assert method.reduced_head().min_rows == 1
@@ -95,9 +95,9 @@ def test_reduced_draft_head_scores_the_lowest_ids():
 
 def test_draft_prepared_for_drafting_keeps_greedy_identity():
     target = tiny_lm("qwen2", seed=5)
-    draft = specdec.accelerate_verification(perturbed(target, 0.05, 4), specdec.VerificationConfig.for_draft())
+    draft = specdec.pack_linear_layers(perturbed(target, 0.05, 4), specdec.PackingConfig.for_draft())
     assert {m.min_rows for m in draft.modules() if isinstance(m, specdec.model.prepare.PackedLinear)} == {1}
-    method = specdec.DraftModel(draft, 4, adaptive=True, head_tokens=40)
+    method = specdec.DraftModel(draft, 4, adaptive=True, draft_vocab_size=40)
     assert assert_greedy_identity(target, PROMPTS, method).stats.total_accepted > 0
 
 
@@ -119,8 +119,8 @@ def test_bad_arguments():
         specdec.generate(target, torch.tensor([[1, 2]]), do_sample=True, temperature=0.0)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         specdec.DraftModel(target, num_draft_tokens=0)
-    with pytest.raises(ValueError, match="head_tokens"):
-        specdec.DraftModel(target, head_tokens=0)
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        specdec.DraftModel(target, draft_vocab_size=0)
     with pytest.raises(ValueError, match="side_tokens"):
         specdec.PromptLookup(side_tokens=-1)
     with pytest.raises(ValueError, match="min_ngram"):
@@ -128,11 +128,11 @@ def test_bad_arguments():
 
 
 def test_accelerated_model_with_tree_attention_and_speccache():
-    # accelerate_verification (prepacked linear layers) under the verify loop: same greedy
+    # pack_linear_layers (prepacked linear layers) under the verify loop: same greedy
     # output as the prepared model's own generate, and tree-pass logits as the unprepared model.
     target = tiny_lm("llama", seed=8)
     reference = tiny_lm("llama", seed=8)
-    specdec.accelerate_verification(target)
+    specdec.pack_linear_layers(target)
     assert_greedy_identity(target, PROMPTS, specdec.DraftModel(perturbed(reference, 0.03, 3), 5))
     from specdec.model.attention import tree_attention_enabled
     from specdec.model.forward import tree_forward

@@ -42,7 +42,7 @@ def random_method(target: torch.nn.Module, r: random.Random):
         elif r.random() < 0.5:
             kw.update(lookup=r.randint(0, 5))
         if r.random() < 0.3:
-            kw.update(head_tokens=r.randint(10, 96))
+            kw.update(draft_vocab_size=r.randint(10, 96))
         return specdec.DraftModel(draft, **kw)
 
     def prompt_lookup():
@@ -51,7 +51,7 @@ def random_method(target: torch.nn.Module, r: random.Random):
 
     def lookahead():
         return specdec.Lookahead(window=r.randint(1, 4), ngram=r.randint(2, 4), guess_set=r.randint(1, 4),
-                                 copy_tokens=r.randint(0, 4), adaptive=r.random() < 0.5)
+                                 max_draft_tokens=r.randint(0, 4), adaptive=r.random() < 0.5)
 
     def medusa():
         return specdec.Medusa(random_heads(target, seed=r.randrange(50)))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from support.clock import SyntheticClock
 from support.decoding import assert_greedy_identity, hf_greedy, left_padded, PROMPTS
 from support.models import perturbed, tiny_lm
 from support.passes import visible_forward
@@ -239,7 +240,7 @@ def test_seeded_sampling_emits_what_one_token_decoding_emits_whatever_the_method
     plain = sample(target, PROMPTS, None, seed=5)
     methods = [specdec.PromptLookup(), specdec.PromptLookup(adaptive=False, num_draft_tokens=7),
                specdec.DraftModel(draft, 3), specdec.DraftModel(draft, adaptive=True),
-               specdec.DraftModel(draft, 3, tree=3), specdec.DraftModel(draft, adaptive=True, tree=2),
+               specdec.DraftModel(draft, 3, tree="dynamic", top_k=3), specdec.DraftModel(draft, adaptive=True, tree="dynamic", top_k=2),
                specdec.DraftModel(draft, 3, lookup=3), specdec.DraftModel(draft, adaptive=True, lookup=4)]
     for method in methods:
         assert torch.equal(sample(target, PROMPTS, method, seed=5), plain), method
@@ -315,46 +316,18 @@ def test_bad_inputs_get_clear_errors():
     assert torch.equal(out.sequences[0, 3:], torch.tensor(hf_greedy(target, [1, 2, 3], 5)))
 
 
-class SyntheticClock:
-    """Stands in for the loop's ``time.perf_counter``: it advances only by the synthetic costs of
-    the passes that run (a target pass: 10 ms + 1 ms per token; a draft pass: 3 ms), so what
-    pacing measures does not depend on the machine or its load."""
-
-    def __init__(self, target, draft):
-        self.now = 0.0
-        self.hooks = [
-            target.register_forward_pre_hook(lambda _, args, kw: self.advance(10 + kw["input_ids"].numel()),
-                                             with_kwargs=True),
-            draft.register_forward_pre_hook(lambda *_: self.advance(3)),
-        ]
-
-    def advance(self, ms: float) -> None:
-        self.now += ms / 1e3
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-
-
 def test_a_batch_falls_back_to_one_token_passes_while_they_are_faster(monkeypatch):
     """A draft that never agrees: its steps advance the slowest row 1 token, like a one-token
     step, and cost its 4 draft passes and a wider target pass on top (synthetic costs: about 29
     ms against 12). After measuring both kinds of step, the batch takes one-token steps and
     proposes only on the steps that keep that estimate current (one in EXPLORE_EVERY). One row
     is never paced: its methods size themselves from the pass costs."""
-    from types import SimpleNamespace
-
-    import specdec.loop.run
     from specdec.loop.cost_model import EXPLORE_EVERY
 
     target = tiny_lm("llama", seed=3)
     for rows, max_new in ((2, 48), (1, 24)):
         draft = tiny_lm("llama", seed=123)
-        clock = SyntheticClock(target, draft)
-        monkeypatch.setattr(specdec.loop.run, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+        clock = SyntheticClock(target, [draft]).install(monkeypatch)
         stranger = Recording(specdec.DraftModel(draft, 4))
         try:
             out = assert_greedy_identity(target, PROMPTS[:rows], stranger, max_new=max_new, pace=True)

@@ -23,7 +23,7 @@ SIZES = (1, 2, 3, 4, 8, 17, 64)
 def prepared(model, dtype):
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("oneDNN has no bf16 on this CPU: bf16 layers stay unpacked, without the property")
-    return specdec.accelerate_verification(model.to(dtype))
+    return specdec.pack_linear_layers(model.to(dtype))
 
 
 def tiny(family: str, dtype):
@@ -88,7 +88,7 @@ def decoders(target, dtype):
     return {
         "prompt lookup": specdec.PromptLookup(adaptive=False),
         "draft model": specdec.DraftModel(draft, 4),
-        "draft model tree": specdec.DraftModel(draft, 4, tree=3),
+        "draft model tree": specdec.DraftModel(draft, 4, tree="dynamic", top_k=3),
         "medusa": specdec.Medusa(heads, tree=[(0,), (1,), (0, 0)]),
         "lookahead": specdec.Lookahead(window=3, ngram=3, guess_set=3, adaptive=False),
     }

@@ -63,7 +63,7 @@ def test_default_takes_copies_for_one_rows_chain_only():
     draft = tiny_lm()
     assert specdec.DraftModel(draft).copied_tokens(1) == 8
     assert specdec.DraftModel(draft).copied_tokens(4) == 0  # a batch's pass would widen with every row's copy
-    assert specdec.DraftModel(draft, tree=2).copied_tokens(1) == 0
+    assert specdec.DraftModel(draft, tree="dynamic", top_k=2).copied_tokens(1) == 0
     assert specdec.DraftModel(draft, coupled=False).copied_tokens(1) == 0
     assert specdec.DraftModel(draft, lookup=3).copied_tokens(4) == 3
 
@@ -72,7 +72,7 @@ def test_bad_arguments():
     target = tiny_lm()
     with pytest.raises(ValueError, match="lookup must be >= 0"):
         specdec.DraftModel(target, lookup=-1)
-    with pytest.raises(ValueError, match="needs tree=1"):
-        specdec.DraftModel(target, lookup=4, tree=2)
+    with pytest.raises(ValueError, match="needs tree=None"):
+        specdec.DraftModel(target, lookup=4, tree="dynamic", top_k=2)
     with pytest.raises(ValueError, match="needs coupled=True"):
         specdec.DraftModel(target, lookup=4, coupled=False)

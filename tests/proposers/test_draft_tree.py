@@ -160,7 +160,7 @@ class CheckedCache(specdec.DraftModel):
 
 def test_draft_cache_holds_the_committed_tokens_after_every_step():
     target = tiny_lm("llama", seed=6)
-    method = CheckedCache(perturbed(target, 0.05, 2), 4, tree=3)
+    method = CheckedCache(perturbed(target, 0.05, 2), 4, tree="dynamic", top_k=3)
     assert_greedy_identity(target, PROMPTS, method, max_new=16)
     assert method.moved > 0
 
@@ -184,7 +184,7 @@ def test_tree_takes_fewer_passes_than_the_chain():
     target = tiny_lm("qwen2", seed=1)
     draft = perturbed(target, 0.05, seed=5)
     chain = assert_greedy_identity(target, PROMPTS, specdec.DraftModel(draft, 4))
-    tree = assert_greedy_identity(target, PROMPTS, specdec.DraftModel(draft, 4, tree=3, tree_nodes=12))
+    tree = assert_greedy_identity(target, PROMPTS, specdec.DraftModel(draft, 4, tree="dynamic", top_k=3, tree_nodes=12))
     assert tree.stats.target_forwards < chain.stats.target_forwards
     assert max(int(p.max()) for p in tree.stats.proposed) <= 12
 
@@ -192,9 +192,9 @@ def test_tree_takes_fewer_passes_than_the_chain():
 def test_trees_in_ensembles_and_with_a_reduced_head():
     target = tiny_lm("llama", seed=8)
     draft = perturbed(target, 0.05, seed=3)
-    for method in (specdec.DraftModel(draft, 3, tree=2, head_tokens=40),
-                   specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(draft, 3, tree=3)),
-                   specdec.Ensemble(specdec.DraftModel(draft, 3, tree=2),
+    for method in (specdec.DraftModel(draft, 3, tree="dynamic", top_k=2, draft_vocab_size=40),
+                   specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(draft, 3, tree="dynamic", top_k=3)),
+                   specdec.Ensemble(specdec.DraftModel(draft, 3, tree="dynamic", top_k=2),
                                     specdec.DraftModel(perturbed(draft, 0.05, seed=4), 3), mix="average")):
         out = assert_greedy_identity(target, PROMPTS, method)
         assert out.stats.total_accepted > 0
@@ -202,9 +202,11 @@ def test_trees_in_ensembles_and_with_a_reduced_head():
 
 def test_bad_arguments():
     draft = tiny_lm("llama", seed=0)
-    with pytest.raises(ValueError, match="tree must be >= 1"):
-        specdec.DraftModel(draft, tree=0)
+    with pytest.raises(ValueError, match='tree must be None \\(a chain\\) or "dynamic"'):
+        specdec.DraftModel(draft, tree="static")
+    with pytest.raises(ValueError, match="top_k >= 2"):
+        specdec.DraftModel(draft, tree="dynamic", top_k=1)
     with pytest.raises(ValueError, match="tree_nodes must be >= 1"):
-        specdec.DraftModel(draft, tree=2, tree_nodes=0)
+        specdec.DraftModel(draft, tree="dynamic", top_k=2, tree_nodes=0)
     with pytest.raises(ValueError, match="needs coupled=True"):
-        specdec.DraftModel(draft, tree=2, coupled=False)
+        specdec.DraftModel(draft, tree="dynamic", top_k=2, coupled=False)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.clock import SyntheticClock
 from support.decoding import assert_greedy_identity, hf_greedy, PROMPTS
 from support.models import perturbed, tiny_lm
 from support.ops import assert_all_raise, random_parents
@@ -151,7 +152,7 @@ def test_union_greedy_identity_ragged_with_eos(family, adaptive, device):
 def test_average_greedy_identity_and_mixture():
     target = tiny_lm("qwen2", seed=23)
     drafts = [perturbed(target, 0.05, s) for s in (1, 2)]
-    method = specdec.Ensemble(*(specdec.DraftModel(d, 4, head_tokens=h) for d, h in zip(drafts, (90, 96))),
+    method = specdec.Ensemble(*(specdec.DraftModel(d, 4, draft_vocab_size=h) for d, h in zip(drafts, (90, 96))),
                               mix="average")
     rec = Recording(method)
     out = assert_greedy_identity(target, PROMPTS, rec)
@@ -192,9 +193,9 @@ def test_every_method_keeps_to_a_node_budget(budget):
     draft = perturbed(target, 0.05, 4)
     methods = [specdec.PromptLookup(adaptive=False, num_draft_tokens=5), specdec.PromptLookup(),
                specdec.DraftModel(draft, 5), specdec.DraftModel(draft, adaptive=True),
-               specdec.DraftModel(draft, 3, tree=3), specdec.DraftModel(draft, adaptive=True, tree=2),
+               specdec.DraftModel(draft, 3, tree="dynamic", top_k=3), specdec.DraftModel(draft, adaptive=True, tree="dynamic", top_k=2),
                specdec.Medusa(random_heads(target), tree=[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]),
-               specdec.Medusa(random_heads(target), tree="dynamic", max_nodes=6, top_k=3),
+               specdec.Medusa(random_heads(target), tree="dynamic", max_draft_tokens=6, top_k=3),
                specdec.Lookahead(window=3, ngram=3, guess_set=3, adaptive=False), specdec.Lookahead(),
                lookup_and_draft(target)]
     for method in methods:
@@ -208,13 +209,17 @@ def test_every_method_keeps_to_a_node_budget(budget):
             assert max(sizes) > 0, method
 
 
-def test_adaptive_cascade_skips_a_member_that_does_not_pay():
-    # A draft that never agrees, after prompt lookup, on steep pass costs: once measured (a few
-    # steps in each state: lookup proposed something or not) it drafts only on exploration steps.
+def test_adaptive_cascade_skips_a_member_that_does_not_pay(monkeypatch):
+    # A draft that never agrees, after prompt lookup: once measured (a few steps in each state:
+    # lookup proposed something or not) it drafts only on exploration steps; one that always
+    # agrees keeps drafting. Passes cost what the profile says, 10 ms + 1 ms per token, and a
+    # draft pass 3 ms (a synthetic clock: no wall time decides).
     target = tiny_lm("llama", seed=25)
-    stranger = Recording(specdec.DraftModel(tiny_lm("llama", seed=123), 3))
+    strange_draft, same_draft = tiny_lm("llama", seed=123), perturbed(target, 0.0, seed=0)
+    SyntheticClock(target, [strange_draft, same_draft]).install(monkeypatch)
+    stranger = Recording(specdec.DraftModel(strange_draft, 3))
     method = specdec.Ensemble(specdec.PromptLookup(), stranger)
-    costs = {k: 10.0 * k for k in range(1, 40)}
+    costs = {k: 10.0 + k for k in range(1, 40)}
     out = specdec.generate(target, torch.tensor([PROMPTS[0]]), max_new_tokens=40, method=method,
                            pass_costs=costs, eos_token_id=[])
     assert out.sequences[0, len(PROMPTS[0]):].tolist() == hf_greedy(target, PROMPTS[0], 40, eos=[])
@@ -223,7 +228,7 @@ def test_adaptive_cascade_skips_a_member_that_does_not_pay():
     assert len(called) >= 16 and called[0] and all(c for c, e in zip(called, explored) if e)
     assert sum(c and not e for c, e in zip(called, explored)) <= 2 * MIN_SAMPLES
     # A draft that always agrees keeps drafting.
-    agreeing = Recording(specdec.DraftModel(target, 3))
+    agreeing = Recording(specdec.DraftModel(same_draft, 3))
     specdec.generate(target, torch.tensor([PROMPTS[0]]), max_new_tokens=40, eos_token_id=[], pass_costs=costs,
                      method=specdec.Ensemble(specdec.PromptLookup(), agreeing))
     assert all(budget != 0 for _, _, budget, _ in agreeing.steps)

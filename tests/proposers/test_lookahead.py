@@ -89,8 +89,8 @@ def test_window_and_pool_follow_a_plain_python_reference():
 
 CONFIGS = {
     "default": specdec.Lookahead(),
-    "reference candidates": specdec.Lookahead(pool_from_prompt=False, copy_tokens=0, adaptive=False),
-    "small": specdec.Lookahead(window=2, ngram=2, guess_set=1, copy_tokens=4, adaptive=False),
+    "reference candidates": specdec.Lookahead(pool_from_prompt=False, max_draft_tokens=0, adaptive=False),
+    "small": specdec.Lookahead(window=2, ngram=2, guess_set=1, max_draft_tokens=4, adaptive=False),
     "no guesses": specdec.Lookahead(window=4, ngram=5, guess_set=0, adaptive=False),
 }
 
@@ -114,7 +114,7 @@ def test_greedy_identity_rows_stop_at_eos():
 
 def test_adaptive_sizes_follow_the_pass_costs_and_the_hits():
     target = tiny_lm("llama", seed=25)
-    recorder = Recorder(specdec.Lookahead(window=6, ngram=3, guess_set=2, copy_tokens=0))
+    recorder = Recorder(specdec.Lookahead(window=6, ngram=3, guess_set=2, max_draft_tokens=0))
     assert_greedy_identity(target, PROMPTS[:1], recorder, max_new=4)
     proposer = recorder.proposer
     proposer.fill, proposer.steps, proposer.hit = [2] * 6, 1, [0.0, 1.0, 1.2]
@@ -157,7 +157,7 @@ def test_verifies_every_candidate_prompt_lookup_would():
     # Lookahead's verification trie holds prompt lookup's whole tree, side branches included,
     # so where the copy does the work (edited code) it verifies no less than prompt lookup.
     target = cyclic_lm("qwen2", seed=26)
-    recorder, _ = run(target, PROMPTS, specdec.Lookahead(window=2, ngram=3, guess_set=2, copy_tokens=5,
+    recorder, _ = run(target, PROMPTS, specdec.Lookahead(window=2, ngram=3, guess_set=2, max_draft_tokens=5,
                                                          side_tokens=2, adaptive=False), max_new=24)
     lookup = specdec.PromptLookup(num_draft_tokens=5, adaptive=False, side_tokens=2)
     branched = 0
@@ -177,7 +177,7 @@ def test_verifies_every_candidate_prompt_lookup_would():
 
 def test_bad_arguments():
     for kwargs, match in [(dict(window=0), "window"), (dict(ngram=1), "ngram"),
-                          (dict(guess_set=-1), "guess_set"), (dict(copy_tokens=-1), "copy_tokens"),
+                          (dict(guess_set=-1), "guess_set"), (dict(max_draft_tokens=-1), "max_draft_tokens"),
                           (dict(side_tokens=-1), "side_tokens")]:
         with pytest.raises(ValueError, match=match):
             specdec.Lookahead(**kwargs)

@@ -24,7 +24,7 @@ def test_heads_aligned_with_the_loops_hidden_states():
 @pytest.mark.parametrize("tree", [CHOICES, "dynamic"])
 def test_greedy_identity_ragged_batch(tree, device):
     target = tiny_lm("qwen2", seed=32).to(device)
-    method = specdec.Medusa(random_heads(target), tree=tree, max_nodes=8, top_k=3)
+    method = specdec.Medusa(random_heads(target), tree=tree, max_draft_tokens=8, top_k=3)
     assert_greedy_identity(target, PROMPTS, method)
 
 
@@ -62,7 +62,7 @@ def test_auto_tree_without_accuracies_uses_the_prior_and_the_costs():
     from specdec.loop.sampling import Sampling
 
     target = tiny_lm("llama", seed=35)
-    method = specdec.Medusa(random_heads(target), max_nodes=12)
+    method = specdec.Medusa(random_heads(target), max_draft_tokens=12)
     ctx = lambda costs: Context(torch.zeros(1, 4, dtype=torch.long), torch.tensor([3]),
                                 torch.zeros(1, dtype=torch.bool), Sampling(), None, CostModel(costs))
     assert len(method._auto_choices(ctx({1: 10.0, 64: 10.0}))) == 12

@@ -216,7 +216,7 @@ def test_bad_vocab_ids_are_refused():
 
 def test_attach_to_a_prepared_target_equals_the_plain_one():
     plain = tiny_lm(vocab=96)
-    prepared = specdec.accelerate_verification(copy.deepcopy(plain))
+    prepared = specdec.pack_linear_layers(copy.deepcopy(plain))
     if not isinstance(prepared.lm_head, PackedLinear):
         pytest.skip("torch without oneDNN: nothing is packed")
     assert prepared.lm_head.weight is None  # only the packed copy is left to read

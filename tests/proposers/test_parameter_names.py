@@ -42,6 +42,11 @@ def test_deprecated_names_warn_and_still_work(model):
         assert specdec.DraftModel(model, head_tokens=40).draft_vocab_size == 40
     with pytest.warns(FutureWarning, match="use max_draft_tokens"):
         assert specdec.Lookahead(copy_tokens=3).max_draft_tokens == 3
+    with pytest.warns(FutureWarning, match='tree="dynamic", top_k=k'):
+        tree = specdec.DraftModel(model, tree=3)
+    assert (tree.tree, tree.top_k, tree.branches) == ("dynamic", 3, 3)
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="tree must be >= 1"):
+        specdec.DraftModel(model, tree=0)
     with pytest.warns(FutureWarning, match="use specdec.PackingConfig"):
         config = specdec.VerificationConfig.for_draft()
     with pytest.warns(FutureWarning, match="use specdec.pack_linear_layers"):

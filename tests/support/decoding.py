@@ -65,19 +65,19 @@ def assert_greedy_identity(model, prompts, method, max_new=MAX_NEW, eos=None, pa
 
 METHODS = {
     "draft coupled": lambda draft: specdec.DraftModel(draft, 3),
-    "draft adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, head_tokens=8),
-    "draft tree": lambda draft: specdec.DraftModel(draft, 3, tree=3),
+    "draft adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, draft_vocab_size=8),
+    "draft tree": lambda draft: specdec.DraftModel(draft, 3, tree="dynamic", top_k=3),
     "draft taking copies": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, lookup=3),
-    "draft tree adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, tree=2,
-                                                                          head_tokens=8),
+    "draft tree adaptive, reduced head": lambda draft: specdec.DraftModel(draft, 3, adaptive=True, tree="dynamic", top_k=2,
+                                                                          draft_vocab_size=8),
     "draft rejection sampling": lambda draft: specdec.DraftModel(draft, 3, coupled=False),
     "draft rejection sampling, reduced head": lambda draft: specdec.DraftModel(draft, 3, coupled=False,
-                                                                               head_tokens=8),
+                                                                               draft_vocab_size=8),
     "prompt lookup tree": lambda draft: specdec.PromptLookup(adaptive=False, num_draft_tokens=3, side_tokens=2),
-    "lookahead": lambda draft: specdec.Lookahead(window=3, ngram=3, guess_set=3, copy_tokens=3, adaptive=False),
+    "lookahead": lambda draft: specdec.Lookahead(window=3, ngram=3, guess_set=3, max_draft_tokens=3, adaptive=False),
     "ensemble union": lambda draft: specdec.Ensemble(
         specdec.PromptLookup(adaptive=False, num_draft_tokens=3, side_tokens=2), specdec.DraftModel(draft, 3),
-        specdec.Lookahead(window=2, ngram=3, guess_set=2, copy_tokens=0, adaptive=False), adaptive=False),
+        specdec.Lookahead(window=2, ngram=3, guess_set=2, max_draft_tokens=0, adaptive=False), adaptive=False),
     "ensemble average": lambda draft: specdec.Ensemble(
         specdec.DraftModel(draft, 3), specdec.DraftModel(perturbed(draft, 0.5, seed=10), 3), mix="average"),
     "ensemble average, rejection sampling": lambda draft: specdec.Ensemble(

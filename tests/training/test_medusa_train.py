@@ -11,6 +11,7 @@ from support.models import tiny_lm
 import specdec
 import specdec.training.medusa as medusa_train
 from specdec import cli
+from specdec.cli import common
 from specdec.proposers.medusa.heads import MedusaHeads
 from specdec.training.corpus import Chunk, build_chunks
 from specdec.training.features import Features, extract_features, head_targets
@@ -190,7 +191,7 @@ def test_default_data_is_installed_python_code_as_chat_answers():
 
 def test_cli_train_medusa_passes_its_flags(tmp_path, monkeypatch):
     calls = {}
-    monkeypatch.setattr(cli, "load_models", lambda args: ("target", "tokenizer", None))
+    monkeypatch.setattr(common, "load_models", lambda args: ("target", "tokenizer", None))
     monkeypatch.setattr(medusa_train, "train_medusa", lambda *a, **kw: calls.update(args=a, kwargs=kw))
     data = tmp_path / "d.txt"
     data.write_text("text")
@@ -209,7 +210,7 @@ def test_cli_train_medusa_checks_data_before_loading_the_model(tmp_path, monkeyp
     def no_models(args):
         raise AssertionError("the model was loaded before --data was checked")
 
-    monkeypatch.setattr(cli, "load_models", no_models)
+    monkeypatch.setattr(common, "load_models", no_models)
     with pytest.raises(SystemExit, match="--data: no such file: .*missing.txt"):
         cli.main(["train-medusa", "--model", "smollm2-135m", "--out", str(tmp_path),
                   "--data", str(tmp_path / "missing.txt")])

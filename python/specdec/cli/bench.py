@@ -242,7 +242,7 @@ def main(args: argparse.Namespace) -> None:
                 draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, lookup=0), {})
         for k in args.draft_trees:
             ours[f"specdec_draft_tree{k}"] = (specdec.DraftModel(
-                draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, tree=k), {})
+                draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, tree="dynamic", top_k=k), {})
         ours["specdec_draft_lookup"] = (specdec.DraftModel(
             draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, lookup=8), {})
         # Prompt lookup's candidates first, the draft where they do not pay (the reduced head if

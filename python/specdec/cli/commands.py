@@ -33,7 +33,8 @@ def _method(args: argparse.Namespace, target, tokenizer, draft):
         members.append(specdec.Medusa(medusa_heads(args, target, tokenizer), tree=args.medusa_tree,
                                       **cap))
     if draft is not None:
-        members.append(specdec.DraftModel(draft, draft_vocab_size=args.draft_vocab_size, tree=args.draft_tree,
+        tree = {"tree": "dynamic", "top_k": args.draft_tree} if args.draft_tree > 1 else {}
+        members.append(specdec.DraftModel(draft, draft_vocab_size=args.draft_vocab_size, **tree,
                                           lookup=args.draft_lookup, **cap))
     if len(members) > 1:
         return specdec.Ensemble(*members)
@@ -179,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-dtype", choices=DTYPES, default=None,
                    help="the draft's dtype (default: --dtype); the output stays the target's")
     g.add_argument("--draft-tree", type=_branches, default=1, metavar="K",
-                   help="the draft proposes a token tree, K branches per level (DraftModel(tree=K)); 1: a chain")
+                   help="the draft proposes a token tree, K branches per node (DraftModel(tree=\"dynamic\", top_k=K)); "
+                        "1: a chain")
     g.add_argument("--draft-lookup", type=_copied_tokens, default=None, metavar="M",
                    help="each draft pass also checks up to M tokens copied from the context and takes "
                         "those the draft agrees with (DraftModel(lookup=M), chains); 0: off; "
@@ -213,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft-dtype", choices=DTYPES, default=None,
                    help="the draft's dtype, for ours and HF assisted alike (default: --dtype)")
     b.add_argument("--draft-trees", type=lambda v: [_branches(x) for x in v.split(",")], default=[],
-                   metavar="K[,K...]", help="also DraftModel(tree=K) for each K (with --draft-vocab-size)")
+                   metavar="K[,K...]", help="also DraftModel(tree=\"dynamic\", top_k=K) for each K (with --draft-vocab-size)")
     b.add_argument("--plain-dtype", choices=DTYPES, default=None,
                    help="also HF plain generate with the target in this dtype (e.g. float32 next to "
                         "a bfloat16 run), prepared alike")

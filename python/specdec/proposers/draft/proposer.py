@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdec import ops
-from specdec.renamed import take_aliases
+from specdec.renamed import take_aliases, warn_renamed
 from specdec.model.cache import SpecCache
 from specdec.proposers.draft.tree import fed_slots, grow, select
 from specdec.proposers.draft.vocab import check_vocabulary, lowest_ids_head, vocab_size
@@ -51,11 +51,12 @@ class DraftModel(Method):
     accepts somewhat more when draft and target differ; reproducible for a fixed draft length,
     ``adaptive=False``).
 
-    ``tree=k`` (k >= 2) drafts a token tree instead of a chain (EAGLE-2's dynamic trees): each
-    level expands the k most probable nodes of the one before (by the draft's cumulative
-    probability of their paths) into their k most probable children, one draft pass per level
-    over the k nodes, and the target verifies the most probable nodes of the whole tree, at most
-    ``tree_nodes``. With ``adaptive=True`` the measured pass costs decide how many levels
+    ``tree="dynamic"`` drafts a token tree instead of a chain (EAGLE-2's dynamic trees, as
+    ``Medusa(tree="dynamic")``): each level expands the ``top_k`` most probable nodes of the one
+    before (by the draft's cumulative probability of their paths) into their ``top_k`` most
+    probable children, one draft pass per level over the ``top_k`` nodes, and the target
+    verifies the most probable nodes of the whole tree, at most ``tree_nodes``. (``tree=k``, an
+    int, is the deprecated spelling of ``tree="dynamic", top_k=k``.) With ``adaptive=True`` the measured pass costs decide how many levels
     (up to ``max_draft_tokens``) and how many nodes pay; else ``num_draft_tokens`` levels and
     ``tree_nodes`` nodes. Where the draft's first choice is wrong the target often takes its
     second, and the branch under it goes on. Sampling needs ``coupled=True`` (the branches are
@@ -78,7 +79,7 @@ class DraftModel(Method):
     Example (``draft`` and ``target`` are Hugging Face causal LMs)::
 
         out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft))
-        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, tree=3))
+        out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, tree="dynamic", top_k=3))
         out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, lookup=8))
         out = specdec.generate(target, input_ids, method=specdec.DraftModel(draft, num_draft_tokens=5))  # fixed
     """
@@ -90,7 +91,8 @@ class DraftModel(Method):
     draft_vocab_size: int | None = None
     coupled: bool = True
     shared_vocab: int | None = None
-    tree: int = 1
+    tree: str | None = None  # None: a chain; "dynamic": a tree of the draft's top_k per node
+    top_k: int = 4
     tree_nodes: int = 24
     lookup: int | None = None
     _head: tuple | None = field(default=None, init=False, repr=False, compare=False)
@@ -116,20 +118,33 @@ class DraftModel(Method):
             raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
         if self.shared_vocab is not None and self.shared_vocab < 1:
             raise ValueError(f"shared_vocab must be >= 1 or None, got {self.shared_vocab}")
-        if self.tree < 1:
-            raise ValueError(f"tree must be >= 1 (1: a chain), got {self.tree}")
-        if self.tree > 1 and self.tree_nodes < 1:
+        if isinstance(self.tree, int) and not isinstance(self.tree, bool):
+            warn_renamed(f"DraftModel(tree={self.tree})", 'tree="dynamic", top_k=k (or tree=None for a chain)',
+                         stacklevel=4)
+            if self.tree < 1:
+                raise ValueError(f"tree must be >= 1 (1: a chain), got {self.tree}")
+            self.tree, self.top_k = ("dynamic", self.tree) if self.tree > 1 else (None, self.top_k)
+        if self.tree not in (None, "dynamic"):
+            raise ValueError(f'DraftModel: tree must be None (a chain) or "dynamic", got {self.tree!r}')
+        if self.tree and self.top_k < 2:
+            raise ValueError(f"DraftModel: a tree needs top_k >= 2 (1 is a chain), got {self.top_k}")
+        if self.branches > 1 and self.tree_nodes < 1:
             raise ValueError(f"tree_nodes must be >= 1, got {self.tree_nodes}")
         if self.lookup is not None and self.lookup < 0:
             raise ValueError(f"lookup must be >= 0 (0: off) or None, got {self.lookup}")
-        if self.lookup and self.tree > 1:
-            raise ValueError("DraftModel(lookup=...) drafts chains: it needs tree=1")
+        if self.lookup and self.branches > 1:
+            raise ValueError("DraftModel(lookup=...) drafts chains: it needs tree=None")
         if self.lookup and not self.coupled:
             raise ValueError("DraftModel(lookup=...) takes copied tokens where the draft would have chosen "
                              "them: it needs coupled=True")
-        if self.tree > 1 and not self.coupled:
+        if self.branches > 1 and not self.coupled:
             raise ValueError("DraftModel(tree=...) verifies its branches as deterministic candidates: "
                              "it needs coupled=True")
+
+    @property
+    def branches(self) -> int:
+        """Children per expanded node: ``top_k`` for a tree, 1 for a chain."""
+        return self.top_k if self.tree == "dynamic" else 1
 
     @property
     def depth(self) -> int:
@@ -138,13 +153,13 @@ class DraftModel(Method):
 
     @property
     def max_pass_tokens(self) -> int:
-        return 1 + (self.tree_nodes if self.tree > 1 else self.depth)
+        return 1 + (self.tree_nodes if self.branches > 1 else self.depth)
 
     def copied_tokens(self, rows: int) -> int:
         """Copied tokens per draft pass for a batch of ``rows`` (``lookup``, or its default)."""
         if self.lookup is not None:
             return self.lookup
-        return 8 if rows == 1 and self.tree == 1 and self.coupled else 0
+        return 8 if rows == 1 and self.branches == 1 and self.coupled else 0
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
@@ -190,7 +205,7 @@ class _DraftProposer(Proposer):
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
         self.lookup = method.copied_tokens(B)
         # A pass taking copies may write lookup + 1 entries past the chain's.
-        room = max_length + (fed_slots(method.tree, method.depth) if method.tree > 1 else self.lookup + 1)
+        room = max_length + (fed_slots(method.branches, method.depth) if method.branches > 1 else self.lookup + 1)
         self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=room),
                         d.reduced_head()) for d in drafts]
         self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots
@@ -237,7 +252,7 @@ class _DraftProposer(Proposer):
     def propose(self, ctx: Context) -> Proposal:
         self._prefill_waiting(None)  # started with donors but never joined to their batch
         method, sampling = self.method, ctx.sampling
-        limit = ctx.node_budget(method.tree_nodes if method.tree > 1 else method.depth)
+        limit = ctx.node_budget(method.tree_nodes if method.branches > 1 else method.depth)
         if limit == 0:  # the tokens committed meanwhile are fed at the next drafting step
             return Proposal.root_only(ctx.roots())
         start = time.perf_counter()
@@ -247,7 +262,7 @@ class _DraftProposer(Proposer):
         columns = torch.arange(width, device=pending.device)
         idx = (self.cache.lengths[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1)
         scores = self._scores(torch.gather(ctx.tokens, 1, idx), pending, sampling)
-        if method.tree > 1:
+        if method.branches > 1:
             return self._propose_tree(ctx, scores, min(method.depth, limit), limit, start)
         if self.lookup:
             return self._propose_copying(ctx, scores, limit, start)
@@ -373,7 +388,7 @@ class _DraftProposer(Proposer):
         def feed(tokens: Tensor, mask: Tensor, positions: Tensor, pending: int) -> Tensor:
             return self._log_probs(self._scores(tokens, None, sampling, (mask, positions, pending)), sampling)
 
-        tree, n, passes = grow(self._log_probs(scores, sampling), feed, self.method.tree, depth, limit, ctx,
+        tree, n, passes = grow(self._log_probs(scores, sampling), feed, self.method.branches, depth, limit, ctx,
                                self.method.adaptive)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)

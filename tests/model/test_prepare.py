@@ -1,4 +1,4 @@
-"""accelerate_verification and profile_passes: same logits as the plain model, via a KV cache."""
+"""pack_linear_layers and profile_passes: same logits as the plain model, via a KV cache."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from transformers import (
 )
 
 import specdec
-from specdec.model.prepare import PackedLinear, VerificationConfig, accelerate_verification, memory_overhead
+from specdec.model.prepare import PackedLinear, PackingConfig, pack_linear_layers, memory_overhead
 
 OFF_CPU = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
 KS = (1, 3, 16)
@@ -74,7 +74,7 @@ def _assert_same_logits(
 def test_same_logits_through_kv_cache(arch, min_rows):
     plain = _tiny(arch)
     expected = _passes(plain)
-    model = accelerate_verification(copy.deepcopy(plain), VerificationConfig(min_rows=min_rows))
+    model = pack_linear_layers(copy.deepcopy(plain), PackingConfig(min_rows=min_rows))
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert not linears and len(packed) == 2 * 7 + 1  # q k v o gate up down per layer, lm_head
@@ -87,7 +87,7 @@ def test_same_logits_through_kv_cache(arch, min_rows):
 
 
 def test_untied_weights_are_replaced_not_duplicated():
-    model = accelerate_verification(_tiny("llama"))
+    model = pack_linear_layers(_tiny("llama"))
     assert memory_overhead(model) == 0
     assert all(m.weight is None for m in model.modules() if isinstance(m, PackedLinear))
 
@@ -113,18 +113,18 @@ def test_a_rows_product_does_not_depend_on_the_row_count(dtype, in_features):
 
 def test_min_rows_must_be_positive():
     with pytest.raises(ValueError, match="min_rows"):
-        VerificationConfig(min_rows=0)
+        PackingConfig(min_rows=0)
 
 
 def test_tied_head_gets_a_packed_copy_or_is_left_alone():
     plain = _tiny("llama", tie=True)
     expected = _passes(plain)
-    model = accelerate_verification(copy.deepcopy(plain))
+    model = pack_linear_layers(copy.deepcopy(plain))
     assert isinstance(model.lm_head, PackedLinear)
     assert memory_overhead(model) == model.model.embed_tokens.weight.nbytes
     _assert_same_logits(_passes(model), expected)
 
-    unshared = accelerate_verification(copy.deepcopy(plain), VerificationConfig(pack_shared=False))
+    unshared = pack_linear_layers(copy.deepcopy(plain), PackingConfig(pack_shared=False))
     assert type(unshared.lm_head) is nn.Linear and memory_overhead(unshared) == 0
     assert unshared.lm_head.weight is unshared.model.embed_tokens.weight
     _assert_same_logits(_passes(unshared), expected)
@@ -136,7 +136,7 @@ def test_greedy_generate_unchanged():
     kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
     expected = plain.generate(ids, **kwargs)
     assert torch.equal(
-        accelerate_verification(copy.deepcopy(plain)).generate(ids, **kwargs), expected
+        pack_linear_layers(copy.deepcopy(plain)).generate(ids, **kwargs), expected
     )
 
 
@@ -145,15 +145,15 @@ def test_memory_mapped_weights_are_released(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path)  # safetensors are memory-mapped
     assert not model.model.embed_tokens.weight.untyped_storage().resizable()
     expected = _passes(model)
-    accelerate_verification(model)
+    pack_linear_layers(model)
     assert all(t.untyped_storage().resizable() for t in [*model.parameters(), *model.buffers()])
     _assert_same_logits(_passes(model), expected)
 
 
 def test_second_call_is_a_no_op():
-    model = accelerate_verification(_tiny("llama"))
+    model = pack_linear_layers(_tiny("llama"))
     modules = dict(model.named_modules())
-    assert accelerate_verification(model, VerificationConfig(batch_hint=4)) is model
+    assert pack_linear_layers(model, PackingConfig(batch_hint=4)) is model
     assert all(modules[name] is m for name, m in model.named_modules())
 
 
@@ -170,7 +170,7 @@ def test_models_off_cpu_are_left_alone(device):
             )
         )
     before = dict(model.named_modules())
-    assert accelerate_verification(model) is model
+    assert pack_linear_layers(model) is model
     assert dict(model.named_modules()) == before and not any(
         isinstance(m, PackedLinear) for m in model.modules()
     )
@@ -179,11 +179,11 @@ def test_models_off_cpu_are_left_alone(device):
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bf16")
 def test_bfloat16_packed_unless_excluded():
     plain = _tiny("llama", dtype=torch.bfloat16)
-    model = accelerate_verification(copy.deepcopy(plain))
+    model = pack_linear_layers(copy.deepcopy(plain))
     assert isinstance(model.lm_head, PackedLinear)
     # both round to bf16 (8 bits of mantissa) after accumulating in a different order
     _assert_same_logits(_passes(model), _passes(plain), rtol=3e-2)
-    fp32_only = accelerate_verification(plain, VerificationConfig(dtypes=(torch.float32,)))
+    fp32_only = pack_linear_layers(plain, PackingConfig(dtypes=(torch.float32,)))
     assert not any(isinstance(m, PackedLinear) for m in fp32_only.modules())
 
 
@@ -204,7 +204,7 @@ def test_profile_passes_runs_each_k_on_the_prefix_cache():
     cache length it gets). Checks the passes, not their times: one prefill of the prefix, then
     for each k one warm-up and ``repeats`` measured passes of width k, each on exactly the
     prefix; one median per k, in the order given."""
-    model = accelerate_verification(_tiny("qwen2"))
+    model = pack_linear_layers(_tiny("qwen2"))
     ks, prefix_len, repeats = (1, 2, 4, 8, 16, 32), 20, 2
     seen = []
 
@@ -225,7 +225,7 @@ def test_profile_passes_runs_each_k_on_the_prefix_cache():
 @pytest.mark.real_model
 def test_real_smollm2_same_logits_and_greedy():
     plain, tokenizer = specdec.models.load("smollm2-135m")
-    model = accelerate_verification(copy.deepcopy(plain))
+    model = pack_linear_layers(copy.deepcopy(plain))
     assert memory_overhead(model) == plain.lm_head.weight.nbytes  # the tied head's packed copy
     # 30 layers of fp32 rounding: the plain model itself gives one row's logits 1.8e-5 (relative)
     # apart when computed alone or in a batch of two; packed vs plain measured up to 4.3e-5

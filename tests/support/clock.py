@@ -1,0 +1,43 @@
+"""A synthetic clock for the loop's timing-driven policies, so that tests do not depend on the
+machine or its load."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+
+import torch
+
+# The modules whose ``time.perf_counter`` sizes passes or paces batches.
+TIMED_MODULES = ("specdec.loop.run", "specdec.proposers.draft.proposer", "specdec.proposers.ensemble")
+
+
+class SyntheticClock:
+    """Stands in for ``time.perf_counter`` in the timed modules: it advances only by the
+    synthetic costs of the passes that run: ``target_ms(tokens)`` for a target pass over that
+    many tokens (every row's nodes), ``draft_ms`` for a draft pass."""
+
+    def __init__(self, target: torch.nn.Module, drafts: Sequence[torch.nn.Module] = (),
+                 target_ms: Callable[[int], float] = lambda tokens: 10.0 + tokens, draft_ms: float = 3.0) -> None:
+        self.now = 0.0
+        self.hooks = [target.register_forward_pre_hook(
+            lambda _, args, kw: self.advance(target_ms(kw["input_ids"].numel())), with_kwargs=True)]
+        self.hooks += [d.register_forward_pre_hook(lambda *_: self.advance(draft_ms)) for d in drafts]
+
+    def advance(self, ms: float) -> None:
+        self.now += ms / 1e3
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def install(self, monkeypatch) -> SyntheticClock:
+        """Replaces ``time`` in the timed modules for the test (``monkeypatch`` undoes it)."""
+        import importlib
+
+        for name in TIMED_MODULES:
+            monkeypatch.setattr(importlib.import_module(name), "time", SimpleNamespace(perf_counter=self.perf_counter))
+        return self
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
