@@ -17,7 +17,7 @@ BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
 def commands() -> list[list[str]]:
     """The README's shell command lines, split at `&&`."""
     lines = [line for lang, body in BLOCKS if lang == "bash" for line in body.strip().splitlines()]
-    return [shlex.split(part) for line in lines for part in line.split("&&")]
+    return [shlex.split(part, comments=True) for line in lines for part in line.split("&&")]
 
 
 def test_ci_runs_the_readme_test_command():
