@@ -18,9 +18,7 @@ EXPLORE_EVERY = 8
 # A pass's time on a shared machine has outliers (other processes, a virtual machine's
 # neighbours): one observation counts as at most this many times the current estimate. An
 # estimate raised by a single slow pass would otherwise keep that width out of use, and a width
-# not used is not measured again. Seen on Qwen2.5-Coder-1.5B (bf16, a 2-core VM): in one run the
-# estimates of 2-, 4- and 5-token passes ended at 125, 88 and 103 ms against 59-60, and a draft
-# chain took 42 target passes for 128 tokens (of four runs on that prompt: 37, 38, 43, 42).
+# not used is not measured again (docs/benchmarks.md, "How to benchmark honestly here").
 OUTLIER = 1.5
 
 

@@ -3,6 +3,7 @@ SpecCache: :func:`tree_forward` (see :mod:`specdec.model.attention` for the atte
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import NamedTuple
@@ -16,8 +17,14 @@ from specdec.model.attention import ATTN_IMPLEMENTATION
 from specdec.model.cache import SpecCache
 
 
+@functools.cache
+def _forward_parameters(cls: type) -> frozenset[str]:
+    """The keyword parameters of a model class's ``forward``, read once per class."""
+    return frozenset(inspect.signature(cls.forward).parameters)
+
+
 def _cache_kwarg(model: PreTrainedModel) -> str:
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_parameters(type(model)) else "past_key_values"
 
 
 def node_layout(parents: Tensor | None, lengths: Tensor, attention_mask: Tensor | None = None,
@@ -236,7 +243,7 @@ def _forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, keep: Tenso
         logits = (head or model.get_output_embeddings())(hidden)
         return PassOutput(logits, hidden if return_hidden else None)
     kwargs = {_cache_kwarg(model): cache}
-    head_subset = keep is not None and "logits_to_keep" in inspect.signature(model.forward).parameters
+    head_subset = keep is not None and "logits_to_keep" in _forward_parameters(type(model))
     if head_subset:
         kwargs["logits_to_keep"] = keep
     logits = model(**inputs, **kwargs).logits
