@@ -3,7 +3,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/TensorBody.h>
 #include <ATen/ops/argmax.h>
-#include <ATen/ops/special_entr.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
@@ -281,10 +280,6 @@ TreeDims check_tree_sampling(const at::Tensor& tree_tokens, const at::Tensor& pa
   }
   if (checks_values(tree_tokens)) check_tree_tokens(tree_tokens, d.V, op);
   return d;
-}
-
-at::Tensor node_entropy(const at::Tensor& target_probs) {
-  return at::special_entr(target_probs.to(at::kFloat)).sum(-1).contiguous();
 }
 
 // ---- n-gram ops (prompt lookup, lookahead n-gram pool) ----------------------------------------

@@ -51,10 +51,6 @@ int64_t check_target(const at::Tensor& target, const at::Tensor& ids_like, const
                      int64_t B, int64_t N);
 at::Tensor target_ids(const at::Tensor& target, const at::Tensor& ids_like);
 
-// Entropy (nats) of every distribution of target_probs [B, T, V] -> float32 [B, T], for
-// Medusa's typical acceptance.
-at::Tensor node_entropy(const at::Tensor& target_probs);
-
 // Whole-op checks, shared by the CPU and CUDA launchers; return the sizes.
 struct ChainDims { int64_t B, K, V; };
 ChainDims check_chain_sampling(const std::optional<at::Tensor>& draft_probs,

@@ -2,6 +2,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/special_entr.h>
 #include <torch/library.h>
 
 #include <vector>
@@ -12,6 +13,12 @@
 
 namespace specdec::cpu {
 namespace {
+
+// Entropy (nats) of every distribution of target_probs [B, T, V] -> float32 [B, T], for
+// Medusa's typical acceptance (the CUDA kernels sum them per node, cuda/tree.cu).
+at::Tensor node_entropy(const at::Tensor& target_probs) {
+  return at::special_entr(target_probs.to(at::kFloat)).sum(-1).contiguous();
+}
 
 void build_tree(const at::Tensor& parents, const at::Tensor& tree_mask, const at::Tensor& depth,
                 const at::Tensor& paths) {

@@ -74,6 +74,21 @@ __global__ void tree_typical_walk_kernel(const I* tokens, const I* parents, cons
                                            W, len + b, next + b);
 }
 
+// -p ln p, 0 where p <= 0 (or NaN).
+__device__ inline float entropy_term(float p) { return p > 0.f ? -p * logf(p) : 0.f; }
+
+// Entropy (nats) of every node's target distribution, for typical acceptance: a block per
+// (row, node), summing -p ln p over the vocabulary (no [B, T, V] temporaries).
+template <class P>
+__global__ void __launch_bounds__(kRowBlock)
+    node_entropy_kernel(const P* p, int64_t V, float* entropy) {
+  __shared__ typename BlockExec<kRowBlock>::Storage storage;
+  BlockExec<kRowBlock> ex{storage};
+  const P* row = p + static_cast<int64_t>(blockIdx.x) * V;
+  const float h = ex.sum(V, [=](int64_t j) { return entropy_term(core::to_float(row[j])); });
+  if (ex.leader()) entropy[blockIdx.x] = h;
+}
+
 // Draws the next token of each row whose typical walk asked for one.
 template <class P, class I>
 __global__ void __launch_bounds__(kRowBlock)
@@ -147,7 +162,9 @@ void tree_speculative_sampling(const at::Tensor& tree_tokens, const at::Tensor& 
           index_t* len = accept_len.mutable_data_ptr<index_t>();
           index_t* next = next_token.mutable_data_ptr<index_t>();
           if (posterior_threshold) {
-            const at::Tensor entropy = node_entropy(target);
+            const at::Tensor entropy = at::empty({d.B, d.T}, target.options().dtype(at::kFloat));
+            launch(op, node_entropy_kernel<scalar_t>, {d.B * d.T}, kRowBlock, 0, device, p, d.V,
+                   entropy.mutable_data_ptr<float>());
             const at::Tensor node = at::empty({d.B}, tok.options().dtype(at::kLong));
             launch(op, tree_typical_walk_kernel<scalar_t, index_t>,
                    {blocks_for(d.B, kThreadsPerRowBlock)}, kThreadsPerRowBlock, 0, device, x, pa,
