@@ -22,7 +22,6 @@ enum class State { kRunnable, kAtBarrier, kAtShuffle, kExited, kFailed };
 struct Thread {
   Context context;
   Dim3 idx;
-  unsigned linear = 0;
   State state = State::kRunnable;
   const char* file = nullptr;  // where it waits
   int line = 0;
@@ -163,7 +162,6 @@ void run_block(Block& b, uint64_t seed) {
   b.threads.assign(n, Thread{});
   for (unsigned i = 0; i < n; ++i) {
     Thread& t = b.threads[i];
-    t.linear = i;
     t.idx = {i % b.dim.x, i / b.dim.x % b.dim.y, i / (b.dim.x * b.dim.y)};
     start_fiber(t.context, *stacks[i], &thread_main, &t);
   }

@@ -11,8 +11,6 @@
 
 #define __global__
 #define __device__
-#define __host__
-#define __forceinline__ inline
 #define __launch_bounds__(...)
 // Static shared memory: one object per kernel (per template instance) and OS thread, which the
 // blocks of a launch, run one after the other, share in turn.
