@@ -18,24 +18,32 @@ constexpr int kTreeBlock = 256;
 constexpr int64_t kMaxTreeNodes = 32768;
 
 template <class I>
-__global__ void build_tree_kernel(const I* parents, int64_t T, int64_t L, int64_t P, bool* mask,
-                                  I* depth, I* paths) {
+__global__ void __launch_bounds__(kTreeBlock)
+    build_tree_kernel(const I* parents, int64_t T, int64_t L, int64_t P, bool* mask, I* depth,
+                      I* paths) {
+  using Scan = cub::BlockScan<int, kTreeBlock>;
+  __shared__ typename Scan::TempStorage scan;
   SPECDEC_DYNAMIC_SHARED(bool, is_leaf);
   const int64_t b = blockIdx.x;
   const I* row = parents + b * T;
-  for (int64_t i = threadIdx.x; i < T; i += blockDim.x)
+  for (int64_t i = threadIdx.x; i < T; i += kTreeBlock)
     core::tree_node_info(row, i, T, mask + (b * T + i) * T, depth + b * T + i, &is_leaf[i]);
   __syncthreads();
+  // Leaves in node order: a scan of the leaf flags, kTreeBlock nodes at a time, ranks them.
   I* pb = paths + b * L * P;
-  for (int64_t i = threadIdx.x; i < T; i += blockDim.x) {
-    if (!is_leaf[i]) continue;
-    int64_t rank = 0;
-    for (int64_t j = 0; j < i; ++j) rank += is_leaf[j];
-    if (rank < L) core::write_path(row, i, static_cast<int64_t>(depth[b * T + i]), pb + rank * P, P);
+  int64_t before = 0;  // leaves among the nodes of the earlier steps
+  for (int64_t base = 0; base < T; base += kTreeBlock) {
+    const int64_t i = base + threadIdx.x;
+    const int leaf = i < T && is_leaf[i];
+    int inclusive, count;
+    Scan(scan).InclusiveSum(leaf, inclusive, count);
+    const int64_t rank = before + inclusive - 1;
+    if (leaf && rank < L)
+      core::write_path(row, i, static_cast<int64_t>(depth[b * T + i]), pb + rank * P, P);
+    before += count;
+    __syncthreads();  // the scan's storage is reused
   }
-  int64_t leaves = 0;
-  for (int64_t j = 0; j < T; ++j) leaves += is_leaf[j];
-  for (int64_t k = leaves * P + threadIdx.x; k < L * P; k += blockDim.x) pb[k] = static_cast<I>(-1);
+  for (int64_t k = before * P + threadIdx.x; k < L * P; k += kTreeBlock) pb[k] = static_cast<I>(-1);
 }
 
 template <class I>

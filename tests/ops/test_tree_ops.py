@@ -42,7 +42,7 @@ def test_build_tree_by_hand(device):
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("B,T", [(1, 1), (1, 2), (5, 17), (64, 64), (2, 200)])
+@pytest.mark.parametrize("B,T", [(1, 1), (1, 2), (5, 17), (64, 64), (2, 200), (2, 600)])
 def test_build_tree_matches_reference(device, index_dtype, B, T):
     parents = random_trees(B, T, torch.Generator().manual_seed(T), index_dtype)
     for limits in ({}, {"max_leaves": 3, "max_depth": 2}):
