@@ -26,7 +26,7 @@ SPECDEC_HD int64_t sample_weights(Exec& ex, int64_t n, W w, float u) {
 }
 
 // Draws from the weights w(j) >= 0 without index x (x outside [0, n): nothing excluded), with
-// the uniform u; -1 when no weight is left. Both passes take w(x) as 0, so x is never drawn,
+// the uniform u; -1 when no weight is left. The draw takes w(x) as 0, so x is never drawn,
 // nor is the fallback ever x. Taking w(x) off the full sum instead would subtract two numbers
 // close to 1 when the target is peaked on x: the total's rounding error, large next to what is
 // left, lets u * total pass every running sum.

@@ -1,6 +1,7 @@
 // The executor of csrc/core for CUDA: a thread block runs a row. Every thread runs the row's
-// control flow; passes over the vocabulary are strided over the block and reduced with CUB, and
-// their results are broadcast, so all threads take the same decisions.
+// control flow; sums over the vocabulary are strided over the block and reduced with CUB, draws
+// sum chunks a warp each and scan the chunk sums (draw), and every result is broadcast, so all
+// threads take the same decisions.
 #pragma once
 
 #include <cstdint>
