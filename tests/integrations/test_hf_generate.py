@@ -29,7 +29,7 @@ def test_a_batch_served_a_few_rows_at_a_time_is_plain_generate():
     rows = []
     hook = target.get_decoder().register_forward_pre_hook(
         lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
-    fast = target.generate(ids, custom_generate=specdec.hf_generate(specdec.PromptLookup(), max_batch_size=2), **kw)
+    fast = target.generate(ids, custom_generate=specdec.hf_generate(specdec.PromptLookup(), batching=specdec.Batching(max_batch_size=2)), **kw)
     hook.remove()
     assert torch.equal(fast, plain)
     assert max(rows) == 2

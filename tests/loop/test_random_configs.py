@@ -38,7 +38,7 @@ def random_method(target: torch.nn.Module, r: random.Random):
         kw = dict(num_draft_tokens=r.randint(1, 6), adaptive=r.random() < 0.5)
         tree = r.choice([1, 1, 2, 3])
         if tree > 1:
-            kw.update(tree=tree, tree_nodes=r.randint(1, 12))
+            kw.update(tree="dynamic", top_k=tree, tree_nodes=r.randint(1, 12))
         elif r.random() < 0.5:
             kw.update(lookup=r.randint(0, 5))
         if r.random() < 0.3:
@@ -93,8 +93,9 @@ def random_case(case: int, device: str) -> dict:
     for m in method.models if method is not None else ():
         m.to(device)
     ids, mask = (t.to(device) for t in left_padded(prompts))
-    return dict(target=target, prompts=prompts, method=method, ids=ids, mask=mask,
-                kw=dict(max_new_tokens=max_new, eos_token_id=eos, pad_token_id=2, attention_mask=mask, **options))
+    return dict(target=target, prompts=prompts, method=method, ids=ids, mask=mask, options=options,
+                kw=dict(max_new_tokens=max_new, eos_token_id=eos, pad_token_id=2, attention_mask=mask,
+                        batching=specdec.Batching(**options)))
 
 
 CASES = random.Random(2026).sample(range(10**9), 320)
@@ -104,12 +105,12 @@ def test_the_cases_draw_every_method_and_option():
     seen = []
     for case in CASES:
         c = random_case(case, "cpu")
-        method, kw = c["method"], c["kw"]
+        method, kw, options = c["method"], c["kw"], c["options"]
         seen += [type(method).__name__ + (f"-{method.mix}" if isinstance(method, specdec.Ensemble) else ""),
                  f"rows={len(c['prompts'])}", f"eos={kw['eos_token_id'] is not None}",
-                 *(f"{k}={kw[k]}" for k in ("pace", "share_prefix", "drop_finished")),
-                 f"queue={'max_batch_size' in kw}"]
-        seen += [f"tree={method.tree > 1}", f"lookup={bool(method.lookup)}"] if isinstance(method, specdec.DraftModel) else []
+                 *(f"{k}={options[k]}" for k in ("pace", "share_prefix", "drop_finished")),
+                 f"queue={'max_batch_size' in options}"]
+        seen += [f"tree={method.branches > 1}", f"lookup={bool(method.lookup)}"] if isinstance(method, specdec.DraftModel) else []
     counts = {name: seen.count(name) for name in set(seen)}
     for name in ["DraftModel", "PromptLookup", "Lookahead", "Medusa", "Ensemble-union", "Ensemble-average",
                  "NoneType", "rows=1", "rows=5", "eos=True", "eos=False", "tree=True", "lookup=True", "queue=True",

@@ -100,7 +100,7 @@ def test_every_decoder_is_greedy_identical_to_one_token_decoding_in_bf16(family)
     ids, mask = left_padded(PROMPTS)
     # Not paced: what the methods propose (and the acceptance asserted below) then does not
     # depend on measured times.
-    kw = dict(max_new_tokens=32, attention_mask=mask, pad_token_id=2, eos_token_id=[], pace=False)
+    kw = dict(max_new_tokens=32, attention_mask=mask, pad_token_id=2, eos_token_id=[], batching=specdec.Batching(pace=False))
     want = specdec.generate(target, ids, method=None, **kw).sequences
     for b in range(len(PROMPTS)):  # batch 1 too
         row = specdec.generate(target, ids[b:b + 1], method=None, **{**kw, "attention_mask": mask[b:b + 1]})
@@ -151,7 +151,7 @@ def test_bf16_exactness_holds_with_a_shared_prefix_and_rows_leaving(family):
     ids, mask = left_padded(prompts)
     eos = specdec.generate(target, ids[:1], max_new_tokens=8, attention_mask=mask[:1], pad_token_id=2,
                            eos_token_id=[]).sequences[0, ids.shape[1] + 5].item()  # row 0 stops early
-    kw = dict(max_new_tokens=32, attention_mask=mask, pad_token_id=2, eos_token_id=eos, pace=False)
+    kw = dict(max_new_tokens=32, attention_mask=mask, pad_token_id=2, eos_token_id=eos, batching=specdec.Batching(pace=False))
     want = specdec.generate(target, ids, method=None, **kw)
     assert [g.length for g in want.stats.shared_prefixes] == [len(system) + 1]  # all prompts start with 0
     assert want.stats.new_tokens_per_row.min() < 32 == want.stats.new_tokens_per_row.max()  # row 0 left

@@ -37,10 +37,10 @@ _CRITERIA = ("MaxLengthCriteria", "EosTokenCriteria")
 
 def hf_generate(method=None, *, typical=None, generator: torch.Generator | None = None,
                 pass_costs: dict[int, float] | None = None, streamer=None,
-                max_batch_size: int | None = None) -> Callable:
+                batching: Batching | None = None) -> Callable:
     """A ``custom_generate`` callable running :func:`specdec.generate` with ``method``
-    (``typical``, ``generator``, ``pass_costs``, ``streamer``, ``max_batch_size``: as there;
-    ``max_batch_size`` serves a large batch of prompts that many rows at a time, each row's
+    (``typical``, ``generator``, ``pass_costs``, ``streamer``, ``batching``: as there;
+    ``Batching(max_batch_size=M)`` serves a large batch of prompts that many rows at a time, each row's
     output unchanged).
 
     Greedy output is identical to the model's plain ``generate``; sampling follows the same
@@ -79,7 +79,7 @@ def hf_generate(method=None, *, typical=None, generator: torch.Generator | None 
             eos_token_id=[] if eos is None else eos.reshape(-1).tolist(),
             pad_token_id=None if pad is None else int(pad),
             attention_mask=model_kwargs.get("attention_mask"), streamer=streamer,
-            generator=generator, pass_costs=pass_costs, typical=typical, batching=Batching(max_batch_size=max_batch_size),
+            generator=generator, pass_costs=pass_costs, typical=typical, batching=batching,
         )
         # HF stops the batch when its longest row does: trim the columns no row reached.
         longest = int(out.stats.new_tokens_per_row.max())
