@@ -44,8 +44,9 @@ def test_shared_prefixes_group_the_rows_that_start_alike():
         SharedPrefix((0, 2), 82), SharedPrefix((1, 3), 82))
 
 
+@pytest.mark.parametrize("all_hidden", [False, True])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_prefill_with_a_shared_prefix_fills_the_cache_as_a_full_prefill(family, device):
+def test_prefill_with_a_shared_prefix_fills_the_cache_as_a_full_prefill(family, all_hidden, device):
     model = tiny_lm(family).to(device)
     enable_tree_attention(model)
     prompts = [SYSTEM + q for q in QUESTIONS]
@@ -56,10 +57,17 @@ def test_prefill_with_a_shared_prefix_fills_the_cache_as_a_full_prefill(family, 
     assert groups == (SharedPrefix((0, 1, 2, 3), len(SYSTEM)),)
     shared = len(SYSTEM)
     caches = [SpecCache.for_model(model, len(prompts), S + 4) for _ in range(2)]
-    with_sharing = prefill_pass(model, caches[0], ids, lengths, shared=groups, return_hidden=True)
-    without = prefill_pass(model, caches[1], ids, lengths, return_hidden=True)
+    # all_hidden: every prompt token's hidden state (EAGLE's drafter reads them), the shared
+    # prefix's from its one-row pass; zeros past each row's length.
+    with_sharing = prefill_pass(model, caches[0], ids, lengths, shared=groups, return_hidden=True,
+                                all_hidden=all_hidden)
+    without = prefill_pass(model, caches[1], ids, lengths, return_hidden=True, all_hidden=all_hidden)
     for a, b in zip(with_sharing, without):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    if all_hidden:
+        assert with_sharing.hidden.shape == (len(prompts), S, model.config.hidden_size)
+        past = torch.arange(S, device=device) >= lengths[:, None]
+        assert bool((with_sharing.hidden[past] == 0).all()) and bool((with_sharing.hidden[~past] != 0).any(-1).all())
     assert torch.equal(caches[0].lengths, caches[1].lengths)
     for a, b in zip(caches[0].layers, caches[1].layers):
         for x, y in ((a.keys, b.keys), (a.values, b.values)):

@@ -53,8 +53,12 @@ def test_grown_tree_is_eagle2_expansion_over_what_each_node_sees(k, depth, n):
     fed: list[torch.Tensor] = []       # [B] token of every fed slot
     positions_seen = []
 
-    def feed(tokens, mask, positions, pending):
+    def feed(tokens, mask, positions, pending, parent_slot):
         assert pending == len(fed) and mask.shape == (B, tokens.shape[1], pending + tokens.shape[1])
+        # Each node's parent: the root (-1) on the first level, else a slot fed before it that its mask sees.
+        seen = torch.gather(mask, 2, parent_slot.clamp_min(0)[..., None])[..., 0]
+        assert bool(((parent_slot == -1) == (pending == 0)).all()) and bool((seen | (parent_slot < 0)).all())
+        assert bool((parent_slot < pending).all())
         fed.extend(tokens.unbind(1))
         positions_seen.append(positions)
         out = torch.empty(B, tokens.shape[1], vocab)

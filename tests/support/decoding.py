@@ -9,7 +9,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 import specdec
 from specdec import Batching
-from support.models import perturbed, tiny_lm
+from support.models import perturbed, random_drafter, tiny_lm
 
 MAX_NEW = 24
 
@@ -78,6 +78,10 @@ METHODS = {
     "ensemble union": lambda draft: specdec.Ensemble(
         specdec.PromptLookup(adaptive=False, num_draft_tokens=3, side_tokens=2), specdec.DraftModel(draft, 3),
         specdec.Lookahead(window=2, ngram=3, guess_set=2, max_draft_tokens=0, adaptive=False), adaptive=False),
+    "eagle tree": lambda draft: specdec.Eagle(random_drafter(draft), top_k=3, max_draft_tokens=3, adaptive=False,
+                                              tree_nodes=8),
+    "eagle chain adaptive, reduced vocabulary": lambda draft: specdec.Eagle(
+        random_drafter(draft, draft_vocab_size=8), tree=None, max_draft_tokens=3),
     "ensemble average": lambda draft: specdec.Ensemble(
         specdec.DraftModel(draft, 3), specdec.DraftModel(perturbed(draft, 0.5, seed=10), 3), mix="average"),
     "ensemble average, rejection sampling": lambda draft: specdec.Ensemble(

@@ -47,3 +47,18 @@ def cyclic_lm(family: str = "llama", seed: int = 5) -> torch.nn.Module:
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.mul_(0.02)
     return model
+
+
+def random_drafter(target: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
+                   scale: float = 0.2):
+    """An untrained EAGLE drafter for ``target`` (its last layer, ``fc`` adding the token's
+    embedding to the feature), with seeded noise on its weights: partly right proposals."""
+    from specdec import EagleDrafter
+
+    drafter = EagleDrafter.for_target(target, draft_vocab_size or target.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
+    return drafter

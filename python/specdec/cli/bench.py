@@ -201,7 +201,7 @@ def main(args: argparse.Namespace) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise SystemExit("specdec bench: the plot needs matplotlib: pip install 'specdec[bench]'")
     import specdec
-    from specdec.cli.common import DTYPES, encode, load_models, medusa_heads, pad_token_id
+    from specdec.cli.common import DTYPES, eagle_drafter, encode, load_models, medusa_heads, pad_token_id
 
     target, tok, draft = load_models(args)
     # HF plain generate in another dtype too (e.g. fp32 next to a bf16 run), prepared alike.
@@ -232,6 +232,8 @@ def main(args: argparse.Namespace) -> None:
         for eps in args.typical_sweep:
             ours[f"specdec_medusa_typical{eps:g}"] = (
                 specdec.Medusa(heads), dict(sampled, typical=specdec.TypicalAcceptance(eps)))
+    if args.eagle:
+        ours["specdec_eagle"] = (specdec.Eagle(eagle_drafter(args, target, tok)), {})
     if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
         # Chains drafted token by token (lookup=0), then taking copies (the default for one row).

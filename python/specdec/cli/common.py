@@ -58,7 +58,7 @@ def load_models(args: argparse.Namespace):
     return target, tokenizer, draft
 
 
-CACHED = "cached"  # --medusa without a directory
+CACHED = "cached"  # --medusa or --eagle without a directory
 
 
 def medusa_heads(args: argparse.Namespace, target, tokenizer):
@@ -69,6 +69,16 @@ def medusa_heads(args: argparse.Namespace, target, tokenizer):
     if args.medusa != CACHED:
         return specdec.MedusaHeads.load(args.medusa)
     return cached_heads(target, tokenizer, f"{Path(args.model).name}-{args.dtype}")
+
+
+def eagle_drafter(args: argparse.Namespace, target, tokenizer):
+    """The drafter of ``--eagle DIR``, or the one cached for the model (trained on first use)."""
+    import specdec
+    from specdec.training.eagle import cached_eagle
+
+    if args.eagle != CACHED:
+        return specdec.EagleDrafter.load(args.eagle)
+    return cached_eagle(target, tokenizer, f"{Path(args.model).name}-{args.dtype}")
 
 
 def pad_token_id(tokenizer) -> int:

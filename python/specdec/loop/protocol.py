@@ -118,8 +118,11 @@ class StepResult:
     ``next_token[b]`` the token chosen after node nk. ``logits [B, T, V]`` are the target's at
     every node (no copy); ``hidden [B, T, H]`` its final hidden states (after the final norm,
     the LM head's input) from the same pass, when the method asks for them.
-    ``last_hidden_state [B, H]``: the hidden state at the step's last accepted node, given when
-    that node is not among ``proposal``'s own (a member of an ensemble)."""
+    ``last_hidden_state [B, H]`` and ``path_hidden [B, D, H]``: the hidden states at the step's
+    last accepted node and at its root and accepted nodes in path order, given when those nodes
+    are not all among ``proposal``'s own (a member of an ensemble). ``prompt_hidden [B, N, H]``:
+    for ``start``, when the method asks for them, the hidden states at every prompt token
+    (zeros past each row's length)."""
 
     proposal: Proposal
     accept_path: Tensor
@@ -128,6 +131,8 @@ class StepResult:
     logits: Tensor
     hidden: Tensor | None = None
     last_hidden_state: Tensor | None = None
+    path_hidden: Tensor | None = None
+    prompt_hidden: Tensor | None = None
 
     def hidden_at_last(self) -> Tensor:
         """``[B, H]`` the target's final hidden state at each row's last accepted node (the
@@ -136,6 +141,14 @@ class StepResult:
             return self.last_hidden_state
         last = self.last_accepted()
         return self.hidden[torch.arange(last.shape[0], device=last.device), last]
+
+    def hidden_on_path(self) -> Tensor:
+        """``[B, D, H]`` the target's final hidden states at the step's root and accepted nodes,
+        in path order (entries past ``accept_len + 1`` are those of the root: unused)."""
+        if self.path_hidden is not None:
+            return self.path_hidden
+        path = self.accept_path.clamp_min(0)
+        return torch.gather(self.hidden, 1, path[..., None].expand(-1, -1, self.hidden.shape[-1]))
 
     def last_accepted(self) -> Tensor:
         """``[B]`` the node index of each row's last accepted node (the root when none)."""
@@ -209,6 +222,14 @@ class Method:
     @property
     def needs_hidden_states(self) -> bool:
         """Whether steps hand the target's final hidden states to the proposer."""
+        return False
+
+    @property
+    def needs_prompt_hidden_states(self) -> bool:
+        """Whether ``start`` gets the target's final hidden states at every prompt token
+        (``StepResult.prompt_hidden``). Rows joining a running batch then compute their
+        prompts whole, without copying a row's cached prefix (shared prefixes within a batch
+        still run once)."""
         return False
 
     def start(self, target: torch.nn.Module, ctx: Context, prompt: Tensor, prompt_len: Tensor,

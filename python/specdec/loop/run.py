@@ -55,7 +55,7 @@ class Run:
 
     @property
     def hidden_wanted(self) -> bool:
-        return self.method is not None and self.method.needs_hidden_states
+        return self.method is not None and (self.method.needs_hidden_states or self.method.needs_prompt_hidden_states)
 
     @property
     def capacity(self) -> int:
@@ -68,9 +68,11 @@ class Run:
         they copy where theirs start alike) when given."""
         rows_start = time.perf_counter()
         k, lengths, prompt, device = ids.numel(), self.prompt_len[ids], self.prompt[ids], ids.device
+        prompt_hidden = self.method is not None and self.method.needs_prompt_hidden_states
         share = self.batching.share_prefix
         donor = reused = None
-        if share and batch is not None:
+        # Rows joining a batch copy no prompt prefix where every prompt token's hidden state is wanted.
+        if share and batch is not None and not prompt_hidden:
             donor, reused = prefix_donors(prompt, lengths, self.prompt[batch.ids], self.prompt_len[batch.ids],
                                           REUSE_MIN_TOKENS)
             if not bool((donor >= 0).any()):
@@ -93,7 +95,7 @@ class Run:
         cache = SpecCache.for_model(self.model, batch_size=k, max_length=max_length)
         if donor is None:
             logits, hidden = prefill_pass(self.model, cache, prompt, lengths, return_hidden=self.hidden_wanted,
-                                          shared=shared, pass_tokens=PASS_TOKENS)
+                                          shared=shared, pass_tokens=PASS_TOKENS, all_hidden=prompt_hidden)
         else:  # prefixes copied from the batch's rows, the rests computed after them
             logits, hidden = prefill_from(self.model, cache, batch_cache, donor, reused, prompt, lengths,
                                           return_hidden=self.hidden_wanted)
@@ -115,8 +117,11 @@ class Run:
         if self.method is not None:
             root = torch.gather(prompt, 1, (lengths - 1)[:, None])
             zeros = torch.zeros_like(generated)
-            step = StepResult(Proposal.root_only(root), zeros[:, None], zeros, first, logits[:, None],
-                              None if hidden is None else hidden[:, None])
+            at_last = None if hidden is None else hidden[:, None]
+            if prompt_hidden:
+                at_last = torch.gather(hidden, 1, (lengths - 1)[:, None, None].expand(-1, 1, hidden.shape[-1]))
+            step = StepResult(Proposal.root_only(root), zeros[:, None], zeros, first, logits[:, None], at_last,
+                              prompt_hidden=hidden if prompt_hidden else None)
             proposer = self.method.start(self.model, ctx, prompt, lengths, max_length, step)
         return Started(ctx, cache, proposer, generated)
 

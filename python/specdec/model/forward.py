@@ -62,10 +62,11 @@ class PassOutput(NamedTuple):
 def tree_forward(model: PreTrainedModel, cache: SpecCache, tree_tokens: Tensor, parents: Tensor | None = None,
                  keep: Tensor | None = None, head: Callable[[Tensor], Tensor] | None = None, *,
                  attention_mask: Tensor | None = None, position_ids: Tensor | None = None, pending: int = 0,
-                 widths: Tensor | None = None) -> Tensor:
+                 widths: Tensor | None = None, inputs_embeds: Tensor | None = None) -> Tensor:
     """The logits of :func:`forward_pass` (the same arguments; no hidden states)."""
     return forward_pass(model, cache, tree_tokens, parents, keep, head, attention_mask=attention_mask,
-                        position_ids=position_ids, pending=pending, widths=widths).logits
+                        position_ids=position_ids, pending=pending, widths=widths,
+                        inputs_embeds=inputs_embeds).logits
 
 
 @torch.no_grad()
@@ -82,6 +83,8 @@ def forward_pass(
     return_hidden: bool = False,
     pending: int = 0,
     widths: Tensor | None = None,
+    inputs_embeds: Tensor | None = None,
+    all_hidden: bool = False,
 ) -> PassOutput:
     """Logits of every node of a token tree (or of any attention pattern) per row, in one
     forward pass.
@@ -118,6 +121,12 @@ def forward_pass(
             computed nodes only, so a batch whose rows propose different numbers of nodes pays
             for each row's own rather than for every row at the widest; attention runs per
             row as in the rectangular pass, so a node's logits do not change. One host read.
+        inputs_embeds: ``[B, T, H]`` the decoder's inputs in place of the nodes' token
+            embeddings (an EAGLE drafter's, `specdec.EagleDrafter.inputs`); ``tree_tokens``
+            then only gives the shape.
+        all_hidden: with ``return_hidden`` and ``keep``: the hidden states of every node
+            ``[B, T, H]``, the logits of the kept ones only (an EAGLE drafter reads every prompt
+            token's).
 
     Returns:
         ``PassOutput(logits, hidden)``: ``[B, T, V]`` logits (``[B, K, V]`` with ``keep``), the
@@ -174,8 +183,13 @@ def forward_pass(
             kv_len = (int(lengths.max()) if longest is None else longest) + T
     else:
         mask, position_ids = node_layout(parents, lengths, mask, position_ids)
+    if inputs_embeds is not None and inputs_embeds.shape[:2] != (B, T):
+        raise ValueError(f"specdec.tree_forward: inputs_embeds must be [{B}, {T}, H], got {tuple(inputs_embeds.shape)}")
     inputs = dict(input_ids=tree_tokens, position_ids=position_ids.to(lengths.dtype), use_cache=True,
                   specdec_prefix_len=lengths, specdec_tree_mask=mask, specdec_kv_len=kv_len)
+    if inputs_embeds is not None:
+        del inputs["input_ids"]
+        inputs["inputs_embeds"] = inputs_embeds
     index = None
     if widths is not None:
         if parents is None and attention_mask is None:
@@ -184,18 +198,21 @@ def forward_pass(
             raise ValueError("specdec.tree_forward: widths and keep cannot be combined")
         index, runs = _packing(widths, B, T)
     if index is not None:
-        inputs.update(input_ids=tree_tokens.flatten()[index][None],
-                      position_ids=inputs["position_ids"].flatten()[index][None], specdec_packed=runs)
+        inputs.update(position_ids=inputs["position_ids"].flatten()[index][None], specdec_packed=runs)
+        if inputs_embeds is None:
+            inputs["input_ids"] = tree_tokens.flatten()[index][None]
+        else:
+            inputs["inputs_embeds"] = inputs_embeds.flatten(0, 1)[index][None]
     if pending:  # the cache writes after the pending nodes; attention sees the slots the mask says
         # CPU: only the slots in use (a free host read); elsewhere the whole cache, no sync.
         kv_len = longest + span if longest is not None else cache.max_length
         inputs["specdec_slot_mask"] = _slot_mask(lengths, mask, kv_len)
         lengths += pending
         try:
-            return _packed_forward(model, cache, inputs, index, head, return_hidden, keep, B, T)
+            return _packed_forward(model, cache, inputs, index, head, return_hidden, keep, B, T, all_hidden)
         finally:
             lengths -= pending
-    return _packed_forward(model, cache, inputs, index, head, return_hidden, keep, B, T)
+    return _packed_forward(model, cache, inputs, index, head, return_hidden, keep, B, T, all_hidden)
 
 
 def _packing(widths: Tensor, B: int, T: int) -> tuple[Tensor | None, list[tuple[int, int, int]]]:
@@ -220,11 +237,11 @@ def _packing(widths: Tensor, B: int, T: int) -> tuple[Tensor | None, list[tuple[
 
 def _packed_forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, index: Tensor | None,
                     head: Callable[[Tensor], Tensor] | None, return_hidden: bool,
-                    keep: Tensor | None, B: int, T: int) -> PassOutput:
+                    keep: Tensor | None, B: int, T: int, all_hidden: bool = False) -> PassOutput:
     """`_forward`, over the nodes ``index`` (of the flattened [B, T]) packed into one sequence
     when given; the outputs unpacked to [B, T, ...] with zeros at the nodes not computed."""
     if index is None:
-        return _forward(model, cache, inputs, keep, head, return_hidden)
+        return _forward(model, cache, inputs, keep, head, return_hidden, all_hidden)
     with cache.packed(index // T, index % T):
         out = _forward(model, cache, inputs, None, head, return_hidden)
 
@@ -235,13 +252,13 @@ def _packed_forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, inde
 
 
 def _forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, keep: Tensor | None,
-             head: Callable[[Tensor], Tensor] | None, return_hidden: bool) -> PassOutput:
+             head: Callable[[Tensor], Tensor] | None, return_hidden: bool, all_hidden: bool = False) -> PassOutput:
     if head is not None or return_hidden:
         decoder = model.get_decoder()
-        hidden = decoder(**inputs, **{_cache_kwarg(decoder): cache}).last_hidden_state
-        hidden = hidden if keep is None else hidden[:, keep]
+        every = decoder(**inputs, **{_cache_kwarg(decoder): cache}).last_hidden_state
+        hidden = every if keep is None else every[:, keep]
         logits = (head or model.get_output_embeddings())(hidden)
-        return PassOutput(logits, hidden if return_hidden else None)
+        return PassOutput(logits, (every if all_hidden else hidden) if return_hidden else None)
     kwargs = {_cache_kwarg(model): cache}
     head_subset = keep is not None and "logits_to_keep" in _forward_parameters(type(model))
     if head_subset:

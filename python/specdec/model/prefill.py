@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel
 
@@ -33,6 +34,8 @@ def prefill_pass(
     shared: Sequence[SharedPrefix] = (),
     pass_tokens: int = 0,
     cached: Tensor | None = None,
+    inputs_embeds: Tensor | None = None,
+    all_hidden: bool = False,
 ) -> PassOutput:
     """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
     commits them; returns ``PassOutput``: the logits after every prompt's last token, ``[B, V]``
@@ -53,6 +56,11 @@ def prefill_pass(
         cached: ``[B]``, the cache already holds the first ``cached[b]`` tokens of row b's
             prompt (copied from another cache, `SpecCache.copy_row`; its length set to them):
             only the rest of each prompt runs, as after a shared prefix.
+        inputs_embeds: ``[B, N, H]`` the decoder's inputs in place of the tokens' embeddings
+            (`forward_pass`); not with ``shared`` or ``cached``.
+        all_hidden: with ``return_hidden``, the final hidden state at every prompt token
+            ``[B, N, H]`` (zeros past each row's length), shared prefixes' included; not with
+            ``cached``.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -78,14 +86,21 @@ def prefill_pass(
         lengths = torch.full((B,), N, dtype=torch.int64, device=tokens.device)
     if shared and cached is not None:
         raise ValueError("specdec.prefill: shared and cached cannot be combined")
+    if inputs_embeds is not None and (shared or cached is not None):
+        raise ValueError("specdec.prefill: inputs_embeds run whole prompts: not with shared or cached")
+    if all_hidden and cached is not None:
+        raise ValueError("specdec.prefill: all_hidden computes every prompt token: not with cached")
     offsets = prefix_offsets(shared, B, tokens.device) if shared else cached
     if offsets is not None and bool((offsets >= lengths).any()):
         raise ValueError("specdec.prefill: a shared prefix (or a cached one) must end before its row's prompt does")
+    prefix_hidden = []  # with all_hidden: each shared prefix's hidden states [n, H]
     for group in shared:
         n = group.length
         one = SpecCache(model.config, 1, n, cache.layers[0].keys.dtype, cache.lengths.device)
         first = tokens[group.rows[0], :n][None]
-        forward_pass(model, one, first, keep=torch.tensor([n - 1], device=tokens.device), head=head)
+        out = forward_pass(model, one, first, keep=torch.tensor([n - 1], device=tokens.device), head=head,
+                           return_hidden=all_hidden, all_hidden=all_hidden)
+        prefix_hidden.append(out.hidden)
         one.advance(torch.tensor([n]))
         cache.copy_row(one, torch.tensor(group.rows, device=cache.lengths.device))
     if offsets is not None:
@@ -93,20 +108,41 @@ def prefill_pass(
         columns = torch.arange(N, device=tokens.device)
         tokens = torch.gather(tokens, 1, (offsets[:, None] + columns).clamp_max(N - 1))
         lengths = lengths - offsets
-        N = int(lengths.max())
-        tokens = tokens[:, :N]
+        tokens = tokens[:, : int(lengths.max())]
+    out = _prefill_rests(model, cache, tokens, lengths, head, return_hidden, inputs_embeds, all_hidden, pass_tokens)
+    if not (all_hidden and shared):
+        return out
+    # Every prompt token's hidden state: the shared prefix's, then the row's rest after it.
+    hidden = out.hidden.new_zeros(B, N, out.hidden.shape[-1])
+    for group, prefix in zip(shared, prefix_hidden):
+        hidden[list(group.rows), : group.length] = prefix[0]
+    for b, (start, rest) in enumerate(zip(offsets.tolist(), lengths.tolist())):
+        hidden[b, start: start + rest] = out.hidden[b, :rest]
+    return PassOutput(out.logits, hidden)
+
+
+def _prefill_rests(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor,
+                   head: Callable[[Tensor], Tensor] | None, return_hidden: bool, inputs_embeds: Tensor | None,
+                   all_hidden: bool, pass_tokens: int) -> PassOutput:
+    """`_prefill_rows` in one pass, or in passes over rows of similar lengths (``pass_tokens``)."""
+    N = tokens.shape[1]
     groups = length_groups(lengths, pass_tokens) if pass_tokens else [None]
     if len(groups) == 1:
-        return _prefill_rows(model, cache, tokens, lengths, head, return_hidden)
+        return _prefill_rows(model, cache, tokens, lengths, head, return_hidden, inputs_embeds, all_hidden)
     outs = []
     for rows in groups:  # each group in a cache of its rows, copied back into theirs
         rows = rows.to(tokens.device)
         n = int(lengths[rows].max())
         part = cache.rows_of(rows, int(cache.lengths[rows].max()) + n)
-        outs.append(_prefill_rows(model, part, tokens[rows, :n], lengths[rows], head, return_hidden))
+        embeds = None if inputs_embeds is None else inputs_embeds[rows, :n]
+        outs.append(_prefill_rows(model, part, tokens[rows, :n], lengths[rows], head, return_hidden, embeds,
+                                  all_hidden))
         cache.copy_row(part, rows)
     order = torch.cat(groups).to(tokens.device).argsort()  # back to the rows' own order
-    hidden = torch.cat([o.hidden for o in outs])[order] if return_hidden else None
+    hidden = None
+    if return_hidden:  # every prompt token's: padded to the longest group's
+        hidden = torch.cat([F.pad(o.hidden, (0, 0, 0, N - o.hidden.shape[1])) if all_hidden else o.hidden
+                            for o in outs])[order]
     return PassOutput(torch.cat([o.logits for o in outs])[order], hidden)
 
 
@@ -151,14 +187,21 @@ def prefill_from(model: PreTrainedModel, cache: SpecCache, source: SpecCache, do
 
 
 def _prefill_rows(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor,
-                  head: Callable[[Tensor], Tensor] | None, return_hidden: bool) -> PassOutput:
+                  head: Callable[[Tensor], Tensor] | None, return_hidden: bool, inputs_embeds: Tensor | None = None,
+                  all_hidden: bool = False) -> PassOutput:
     """One pass over right-padded ``tokens [B, N]`` (``lengths [B]``), committed; the logits
-    (and hidden states) after each row's last token."""
-    B = tokens.shape[0]
+    (and hidden states) after each row's last token (every token's hidden states with
+    ``all_hidden``, zeros past each row's length)."""
+    B, N = tokens.shape
     last = (lengths.to(torch.int64) - 1).clamp_min(0).to(tokens.device)
     # The LM head runs only where some row's prompt ends, not over every prompt token.
     columns = torch.unique(last)
-    out = forward_pass(model, cache, tokens, keep=columns, head=head, return_hidden=return_hidden)
+    out = forward_pass(model, cache, tokens, keep=columns, head=head, return_hidden=return_hidden,
+                       inputs_embeds=inputs_embeds, all_hidden=all_hidden)
     cache.advance(lengths)
     rows, cols = torch.arange(B, device=tokens.device), torch.searchsorted(columns, last)
-    return PassOutput(out.logits[rows, cols], None if out.hidden is None else out.hidden[rows, cols])
+    hidden = out.hidden
+    if hidden is not None:
+        hidden = (hidden * (torch.arange(N, device=tokens.device) < lengths.to(tokens.device)[:, None])[..., None]
+                  if all_hidden else hidden[rows, cols])
+    return PassOutput(out.logits[rows, cols], hidden)

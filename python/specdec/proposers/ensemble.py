@@ -108,6 +108,10 @@ class Ensemble(Method):
     def needs_hidden_states(self) -> bool:
         return any(m.needs_hidden_states for m in self.members)
 
+    @property
+    def needs_prompt_hidden_states(self) -> bool:
+        return any(m.needs_prompt_hidden_states for m in self.members)
+
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult) -> Proposer:
         if self.mix == "average":
@@ -285,7 +289,7 @@ def _added(index: list[Tensor], B: int, T: int) -> list[int]:
 def member_steps(step: StepResult, proposals: list[Proposal], index: list[Tensor]) -> list[StepResult]:
     """The step as each member would see it in its own node numbering: how far its own tree
     was accepted, the token chosen after its last accepted node, its nodes' logits and hidden
-    states, and the hidden state at the step's true last accepted node."""
+    states, and the hidden states at the step's true last accepted node and along its path."""
     path, n, merged = step.accept_path, step.accept_len, step.proposal
     B, D = path.shape
     T = merged.width
@@ -294,6 +298,7 @@ def member_steps(step: StepResult, proposals: list[Proposal], index: list[Tensor
     depth = torch.full((B, T + 1), D, dtype=torch.long, device=path.device)  # D: not on the path
     depth.scatter_(1, torch.where(path >= 0, path, T), torch.arange(D, device=path.device).expand(B, D))
     last_hidden = step.hidden_at_last() if step.hidden is not None else None
+    path_hidden = step.hidden_on_path() if step.hidden is not None else None
     rows = torch.arange(B, device=path.device)[:, None]
     out = []
     for p, i in zip(proposals, index):
@@ -310,5 +315,5 @@ def member_steps(step: StepResult, proposals: list[Proposal], index: list[Tensor
         own_next = torch.where(own_n == n, step.next_token,
                                torch.gather(merged.tokens, 1, after.clamp_min(0)[:, None])[:, 0])
         out.append(StepResult(p, own_path, own_n, own_next, step.logits[rows, at],
-                              None if step.hidden is None else step.hidden[rows, at], last_hidden))
+                              None if step.hidden is None else step.hidden[rows, at], last_hidden, path_hidden))
     return out

@@ -385,7 +385,7 @@ class _DraftProposer(Proposer):
     def _propose_tree(self, ctx: Context, scores: Tensor, depth: int, limit: int, start: float) -> Proposal:
         sampling = ctx.sampling
 
-        def feed(tokens: Tensor, mask: Tensor, positions: Tensor, pending: int) -> Tensor:
+        def feed(tokens: Tensor, mask: Tensor, positions: Tensor, pending: int, parent_slot: Tensor) -> Tensor:
             return self._log_probs(self._scores(tokens, None, sampling, (mask, positions, pending)), sampling)
 
         tree, n, passes = grow(self._log_probs(scores, sampling), feed, self.method.branches, depth, limit, ctx,

@@ -1,4 +1,4 @@
-"""Token trees from a draft model (`DraftModel(tree=k)`), grown level by level as EAGLE-2 does.
+"""Token trees from a drafter (`DraftModel(tree="dynamic")`, `Eagle`), grown level by level as EAGLE-2 does.
 
 A step drafts levels 1, 2, ... under the root (the last committed token). Level d + 1 holds the
 k most probable children of each of the k most probable nodes of level d (the frontier): one
@@ -115,8 +115,11 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
 
     Args:
         first: ``[B, V]`` the draft's next-token log-probabilities at the root (pass 1).
-        feed: ``feed(tokens [B, W], mask [B, W, F + W], positions [B, W], pending F)`` runs the
-            draft over a frontier and returns its log-probabilities ``[B, W, V]``.
+        feed: ``feed(tokens [B, W], mask [B, W, F + W], positions [B, W], pending F,
+            parent_slot [B, W])`` runs the draft over a frontier (its nodes' tokens at their
+            positions, slots F .. F + W - 1 after the F fed before; ``parent_slot``: where each
+            node's parent was fed, -1 for the root) and returns its log-probabilities
+            ``[B, W, V]``.
         k: children per frontier node, and frontier nodes per level.
         depth: most levels; ``limit``: most nodes verified.
         adaptive: grow another level only while the expected emitted tokens per ms rise (the
@@ -154,7 +157,7 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
         new_slot = torch.arange(fed, fed + w, device=device).expand(B, w)
         anc[:, fed:fed + w] = ancestors_row(anc, parent_slot, new_slot)
         logp = feed(torch.gather(last.tokens, 1, sel), anc[:, fed:fed + w, :fed + w],
-                    (root_pos + d)[:, None].expand(B, w), fed)
+                    (root_pos + d)[:, None].expand(B, w), fed, parent_slot)
         passes += 1
         fed += w
         last.slot.scatter_(1, sel, new_slot)

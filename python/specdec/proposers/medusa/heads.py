@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdec.model.prepare import dense_weight
+from specdec.proposers.files import write_atomically
 
 __all__ = ["FORMAT", "RANKS", "MedusaConfig", "MedusaHeads", "ResBlock"]
 
@@ -250,8 +251,8 @@ class MedusaHeads(nn.Module):
         if self.metrics is not None:
             meta["metrics"] = self.metrics
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        _replace(out / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp)))
-        _replace(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
+        write_atomically(out / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp)))
+        write_atomically(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
         return out
 
     @classmethod
@@ -304,12 +305,6 @@ def _check_vocab_ids(vocab_ids: Tensor, target_vocab: int) -> None:
         raise ValueError(f"MedusaHeads: vocab_ids must lie in 0..{target_vocab - 1}")
     if len(torch.unique(vocab_ids)) != len(vocab_ids):
         raise ValueError("MedusaHeads: vocab_ids must not repeat an id")
-
-
-def _replace(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def _load_ours(path: Path, meta: dict[str, Any]) -> MedusaHeads:

@@ -1,0 +1,284 @@
+"""The EAGLE drafter: one decoder layer that predicts the target's next final hidden state from
+its current one and the next token, scored by the target's own LM head.
+
+EAGLE-1's feature-level drafting (Li et al., 2024): at position t the drafter reads the target's
+final hidden state ``f_t`` (after the final norm: the LM head's input) and the embedding of the
+token that follows, ``x_{t+1}``, and predicts ``f_{t+1}``::
+
+    f_{t+1} ≈ layer(fc([embed(x_{t+1}) ; f_t]))        logits(x_{t+2}) = lm_head(f_{t+1})
+
+``fc`` is a ``2H -> H`` linear map without bias; ``layer`` one decoder layer of the target's own
+architecture (initialised from the target's last layer) whose input norm is left out, as in
+EAGLE and vLLM's ``EagleLlamaForCausalLM``; no final norm. ``embed`` and ``lm_head`` are the
+target's, frozen and never saved with the drafter. Deeper in a step the drafter feeds its own
+predicted features back in. The layer keeps a KV cache of its own (a `SpecCache` of one layer),
+so the drafter sees the whole context through its attention.
+
+The LM head scores only ids ``0 .. draft_vocab_size - 1`` (byte-level BPE vocabularies number
+tokens commonest first; `DraftModel(draft_vocab_size=...)` does the same): a smaller GEMM per
+draft token, and ids in the target's order, so coupled sampling draws stay aligned.
+
+Files: :meth:`EagleDrafter.save` writes ``config.json`` (format marker, sizes, the layer's
+transformers config, the training's metrics) and ``drafter.safetensors`` (``fc.weight`` and
+``layers.0.*``, the names vLLM's EAGLE models load; ``specdec export-vllm --eagle`` adds what
+vLLM's loader needs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from specdec.proposers.draft.vocab import lowest_ids_head
+from specdec.proposers.files import write_atomically
+
+__all__ = ["FORMAT", "EagleConfig", "EagleDrafter"]
+
+FORMAT = "specdec-eagle-drafter"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "drafter.safetensors"
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """Sizes of a drafter and what it was made for.
+
+    ``layer_config``: the target's transformers config as a dict (its architecture, attention
+    and MLP sizes, rotary settings), from which the drafter's one layer is built.
+    ``target_vocab_size``: the target's LM head rows; ``draft_vocab_size``: the drafter scores
+    ids ``0 .. draft_vocab_size - 1``. ``target``: the target's name or path, if known."""
+
+    hidden_size: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    layer_config: dict[str, Any] = field(repr=False)
+    target: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "target_vocab_size", "draft_vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EagleConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.draft_vocab_size > self.target_vocab_size:
+            raise ValueError(f"EagleConfig: draft_vocab_size {self.draft_vocab_size} > target_vocab_size "
+                             f"{self.target_vocab_size}")
+
+    def transformers_config(self) -> PretrainedConfig:
+        """The config of the drafter's one-layer model (no vocabulary of its own: the target's
+        embedding and LM head are used)."""
+        values = dict(self.layer_config)
+        model_type = values.pop("model_type")
+        # Special token ids: the unused one-row vocabulary holds none of the target's.
+        values.update(num_hidden_layers=1, vocab_size=1, tie_word_embeddings=False, bos_token_id=None,
+                      eos_token_id=None, pad_token_id=None)
+        values.pop("layer_types", None)  # per-layer lists describe the target's layers
+        return AutoConfig.for_model(model_type, **values)
+
+
+class EagleDrafter(nn.Module):
+    """An EAGLE drafter for one target (see the module's docstring).
+
+    ``forward(input_ids [B, T], features [B, T, H]) -> [B, T, H]``: the predicted next features
+    for each pair ``(x_{t+1}, f_t)``, causal over the T positions (training; decoding runs the
+    same layer on its KV cache through `specdec.Eagle`). :meth:`logits` scores features over
+    the drafter's vocabulary.
+
+    Example (a fresh drafter for a tiny model):
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        >>> target = LlamaForCausalLM(cfg).eval()
+        >>> drafter = EagleDrafter.for_target(target, draft_vocab_size=48)
+        >>> out = target.model(torch.tensor([[1, 5, 7, 9]]))
+        >>> features = out.last_hidden_state[:, :-1]             # f_0, f_1, f_2
+        >>> predicted = drafter(torch.tensor([[5, 7, 9]]), features)  # f_1, f_2, f_3 predicted
+        >>> predicted.shape, drafter.logits(predicted).shape
+        (torch.Size([1, 3, 32]), torch.Size([1, 3, 48]))
+    """
+
+    def __init__(self, config: EagleConfig, *, dtype: torch.dtype = torch.float32, device: Any = None) -> None:
+        super().__init__()
+        self.config = config
+        H = config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=False, dtype=dtype, device=device)
+        layer_config = config.transformers_config()
+        layer_config._attn_implementation = "sdpa"
+        # A causal LM of one layer: the loop's passes (tree attention, KV cache) run it as they
+        # run any model. Its own one-row embedding and LM head are never used.
+        self.model = AutoModelForCausalLM.from_config(layer_config, dtype=dtype).to(device)
+        self.model.requires_grad_(False)
+        decoder = self.model.get_decoder()
+        decoder.layers[0].input_layernorm = nn.Identity()
+        decoder.norm = nn.Identity()
+        decoder.layers.requires_grad_(True)
+        self.rank_accuracy: Tensor | None = None   # [depth, ranks] held-out, from training
+        self.metrics: dict[str, Any] | None = None
+        self._target: _Attached | None = None
+
+    @classmethod
+    def for_target(cls, model: nn.Module, draft_vocab_size: int = 32_768,
+                   dtype: torch.dtype = torch.float32) -> EagleDrafter:
+        """A fresh drafter for ``model``: its layer a copy of the target's last decoder layer
+        (the input norm left out), ``fc`` adding the token's embedding to the feature; attached."""
+        lm_head = model.get_output_embeddings()
+        values = model.config.to_dict()
+        config = EagleConfig(hidden_size=model.config.hidden_size, target_vocab_size=lm_head.out_features,
+                             draft_vocab_size=min(draft_vocab_size, lm_head.out_features), layer_config=values,
+                             target=getattr(model.config, "name_or_path", None) or None)
+        device = next(model.parameters()).device
+        drafter = cls(config, dtype=dtype, device=device)
+        last = model.get_decoder().layers[-1].state_dict()
+        own = drafter.layer.state_dict()
+        with torch.no_grad():
+            for name, value in own.items():
+                if name in last and last[name].shape == value.shape:
+                    value.copy_(last[name])
+            H = config.hidden_size
+            eye = torch.eye(H, dtype=dtype, device=device)
+            drafter.fc.weight.copy_(torch.cat([eye, eye], 1))
+        return drafter.attach(model)
+
+    @property
+    def layer(self) -> nn.Module:
+        """The drafter's decoder layer."""
+        return self.model.get_decoder().layers[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def check(self, target: nn.Module) -> None:
+        """Raise ValueError unless ``target`` has the hidden size and vocabulary the drafter was
+        made for."""
+        cfg = self.config
+        lm_head = target.get_output_embeddings()
+        made_for = f" ({cfg.target})" if cfg.target else ""
+        hidden = getattr(lm_head, "in_features", None)
+        if hidden != cfg.hidden_size:
+            raise ValueError(f"EagleDrafter: made for a model{made_for} with hidden size {cfg.hidden_size}; "
+                             f"this target's is {hidden}: a drafter trained for another model")
+        if lm_head.out_features != cfg.target_vocab_size:
+            raise ValueError(f"EagleDrafter: made for a model{made_for} with {cfg.target_vocab_size} token ids; "
+                             f"this target scores {lm_head.out_features}: a drafter trained for another model")
+
+    def attach(self, target: nn.Module) -> EagleDrafter:
+        """Check ``target`` and take its embedding (shared) and its LM head's rows
+        ``0 .. draft_vocab_size - 1`` (a copy, packed like the target's when it is prepared by
+        `specdec.pack_linear_layers`). Idempotent for the same LM head. Returns ``self``."""
+        self.check(target)
+        lm_head = target.get_output_embeddings()
+        if self._target is not None and self._target.lm_head() is lm_head:
+            return self
+        with torch.no_grad():
+            head = lowest_ids_head(lm_head, self.config.draft_vocab_size).requires_grad_(False)
+        self._target = _Attached(target.get_input_embeddings(), head, weakref.ref(lm_head))
+        return self
+
+    def inputs(self, input_ids: Tensor, features: Tensor) -> Tensor:
+        """The layer's input ``fc([embed(x) ; f])`` ``[..., H]`` for tokens ``[...]`` and
+        features ``[..., H]``."""
+        if features.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"EagleDrafter: features of size {features.shape[-1]}, the drafter takes "
+                             f"{self.config.hidden_size}")
+        embedded = self._attached().embedding(input_ids).to(self.dtype)
+        return self.fc(torch.cat([embedded, features.to(self.dtype)], -1))
+
+    def forward(self, input_ids: Tensor, features: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        decoder = self.model.get_decoder()
+        return decoder(inputs_embeds=self.inputs(input_ids, features), position_ids=position_ids,
+                       use_cache=False).last_hidden_state
+
+    def logits(self, features: Tensor) -> Tensor:
+        """``[..., draft_vocab_size]`` scores of ids ``0 .. draft_vocab_size - 1``."""
+        return self._attached().head(features.to(self.dtype))
+
+    def weights(self) -> dict[str, Tensor]:
+        """The trained weights under the names of the saved file (and of vLLM's EAGLE models)."""
+        state = {f"fc.{k}": v for k, v in self.fc.state_dict().items()}
+        state.update({f"layers.0.{k}": v for k, v in self.layer.state_dict().items()})
+        return state
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``config.json`` and ``drafter.safetensors`` into ``directory`` (created if
+        needed; each written under a temporary name, then renamed). Returns the directory."""
+        from safetensors.torch import save_file
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        meta: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self.config),
+                                "dtype": str(self.dtype).removeprefix("torch.")}
+        if self.rank_accuracy is not None:
+            meta["rank_accuracy"] = self.rank_accuracy.tolist()
+        if self.metrics is not None:
+            meta["metrics"] = self.metrics
+        state = {k: v.detach().cpu().contiguous() for k, v in self.weights().items()}
+        write_atomically(out / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp)))
+        write_atomically(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
+        return out
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], dtype: torch.dtype | None = None) -> EagleDrafter:
+        """A drafter saved by :meth:`save`, in its stored dtype unless ``dtype`` is given; attach
+        it to its target (:meth:`attach`; `specdec.Eagle` does) before use."""
+        from safetensors.torch import load_file
+
+        path = Path(directory)
+        if not path.is_dir():
+            raise FileNotFoundError(f"EagleDrafter.load: {path} is not a directory")
+        config_path, weights = path / CONFIG_FILE, path / WEIGHTS_FILE
+        if not config_path.is_file():
+            raise FileNotFoundError(f"EagleDrafter.load: no {CONFIG_FILE} in {path}")
+        meta = json.loads(config_path.read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"EagleDrafter.load: {config_path} is not a specdec EAGLE drafter (format "
+                             f"{meta.get('format')!r}, expected {FORMAT!r})")
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"EagleDrafter.load: {path} has format version {meta.get('format_version')}; "
+                             f"this specdec reads version {FORMAT_VERSION}")
+        if not weights.is_file():
+            raise FileNotFoundError(f"EagleDrafter.load: no {WEIGHTS_FILE} in {path}")
+        config = EagleConfig(**{k: meta[k] for k in ("hidden_size", "target_vocab_size", "draft_vocab_size",
+                                                     "layer_config", "target")})
+        state = load_file(str(weights))
+        drafter = cls(config, dtype=dtype or getattr(torch, meta.get("dtype", "float32")))
+        missing = sorted(set(drafter.weights()) - set(state))
+        unknown = sorted(set(state) - set(drafter.weights()))
+        if missing or unknown:
+            raise ValueError(f"EagleDrafter.load: {weights} does not match its {CONFIG_FILE}: missing "
+                             f"{missing[:4]}, unexpected {unknown[:4]}")
+        with torch.no_grad():
+            drafter.fc.weight.copy_(state["fc.weight"])
+            drafter.layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in state.items()
+                                           if k.startswith("layers.0.")})
+        if meta.get("rank_accuracy") is not None:
+            drafter.rank_accuracy = torch.tensor(meta["rank_accuracy"], dtype=torch.float32)
+        drafter.metrics = meta.get("metrics")
+        return drafter
+
+    def _attached(self) -> _Attached:
+        if self._target is None:
+            raise RuntimeError("EagleDrafter: call drafter.attach(target) first")
+        return self._target
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"hidden_size={c.hidden_size}, draft_vocab_size={c.draft_vocab_size}/{c.target_vocab_size}, "
+                f"layer={type(self.layer).__name__}")
+
+
+@dataclass(frozen=True)
+class _Attached:
+    """What the drafter uses of its target (held outside the module's parameters: never saved,
+    never moved with the drafter)."""
+
+    embedding: nn.Module
+    head: nn.Module  # the LM head's rows 0 .. draft_vocab_size - 1 (a copy)
+    lm_head: weakref.ref  # the target's LM head they came from

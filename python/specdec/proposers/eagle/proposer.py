@@ -1,0 +1,175 @@
+"""EAGLE: a one-layer drafter on the target's own final hidden states drafts a token tree,
+verified in one target pass (EAGLE-2's dynamic trees)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import InitVar, dataclass
+
+import torch
+from torch import Tensor
+
+from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
+from specdec.model.cache import SpecCache
+from specdec.model.forward import forward_pass
+from specdec.model.prefill import prefill_pass
+from specdec.proposers.draft.tree import fed_slots, grow, select
+from specdec.proposers.eagle.drafter import EagleDrafter
+from specdec.renamed import take_aliases
+
+
+@dataclass
+class Eagle(Method):
+    """Propose a token tree drafted by an EAGLE drafter (`specdec.EagleDrafter`, trained by
+    `specdec.train_eagle`): it reads the target's final hidden state at each committed token and
+    predicts the next one's, feeding its own predictions back in deeper in the tree.
+
+    ``tree="dynamic"`` (default, EAGLE-2): each level expands the ``top_k`` nodes whose paths
+    the drafter finds most probable into their ``top_k`` most probable children, one drafter
+    pass per level, and the target verifies the most probable nodes of the whole tree, at most
+    ``tree_nodes``. ``tree=None``: a chain (the drafter's first choice at each level). With
+    ``adaptive=True`` (default) the measured drafter and target pass costs decide how many
+    levels (up to ``max_draft_tokens``) and how many nodes pay; else ``max_draft_tokens`` levels
+    and ``tree_nodes`` nodes. ``num_speculative_tokens`` (vLLM's name) is accepted for
+    ``max_draft_tokens``.
+
+    Exact: greedy output is the target's own; with ``do_sample=True`` the tree's nodes are
+    verified as deterministic candidates whose first child at each node is the drafter's draw
+    with the target's uniform at that position, so the output is what ``method=None`` samples
+    with the same seed. The drafter's layer keeps its own KV cache; after each step the
+    accepted tokens are fed to it again with the target's real hidden states. Every prompt
+    token's hidden state is needed at the start, so rows joining a running batch
+    (``Batching(max_batch_size=...)``) compute their prompts whole instead of copying a cached
+    prefix of a row already there (prompt prefixes shared within a batch still run once).
+
+    Example (``drafter`` from ``specdec.train_eagle`` or ``specdec.EagleDrafter.load``)::
+
+        out = specdec.generate(model, input_ids, method=specdec.Eagle(drafter))
+    """
+
+    drafter: EagleDrafter
+    tree: str | None = "dynamic"
+    top_k: int = 4
+    max_draft_tokens: int = 8
+    tree_nodes: int = 24
+    adaptive: bool = True
+    num_speculative_tokens: InitVar[int | None] = None
+
+    def __post_init__(self, num_speculative_tokens: int | None) -> None:
+        take_aliases(self, {"num_speculative_tokens": num_speculative_tokens},
+                     {"num_speculative_tokens": "max_draft_tokens"})
+        if not isinstance(self.drafter, EagleDrafter):
+            raise TypeError(f"Eagle: drafter must be a specdec.EagleDrafter, got {type(self.drafter).__name__}")
+        if self.tree not in (None, "dynamic"):
+            raise ValueError(f'Eagle: tree must be "dynamic" or None (a chain), got {self.tree!r}')
+        if self.tree and self.top_k < 2:
+            raise ValueError(f"Eagle: a tree needs top_k >= 2 (tree=None is a chain), got {self.top_k}")
+        if self.max_draft_tokens < 1 or self.tree_nodes < 1:
+            raise ValueError(f"Eagle: max_draft_tokens and tree_nodes must be >= 1, got {self.max_draft_tokens}, "
+                             f"{self.tree_nodes}")
+
+    @property
+    def branches(self) -> int:
+        """Children per expanded node: ``top_k`` for a tree, 1 for a chain."""
+        return self.top_k if self.tree == "dynamic" else 1
+
+    @property
+    def max_pass_tokens(self) -> int:
+        return 1 + (self.tree_nodes if self.branches > 1 else self.max_draft_tokens)
+
+    @property
+    def models(self) -> tuple[torch.nn.Module, ...]:
+        return (self.drafter.model,)
+
+    @property
+    def needs_hidden_states(self) -> bool:
+        return True
+
+    @property
+    def needs_prompt_hidden_states(self) -> bool:
+        return True
+
+    def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
+              first: StepResult) -> Proposer:
+        if first.prompt_hidden is None:
+            raise ValueError("Eagle: the drafter needs the target's hidden states at every prompt token "
+                             "(StepResult.prompt_hidden), which specdec.generate gives")
+        self.drafter.attach(target)
+        room = max_length + fed_slots(self.branches, self.max_draft_tokens)
+        cache = SpecCache.for_model(self.drafter.model, batch_size=prompt.shape[0], max_length=room)
+        proposer = _EagleProposer(self, cache)
+        # Entry t pairs f_t with x_{t+1}: the prompt's tokens after the first, then the first
+        # token emitted, with the hidden states of every prompt token.
+        tokens = torch.gather(ctx.tokens, 1, torch.arange(1, prompt.shape[1] + 1, device=prompt.device)
+                              .expand(prompt.shape[0], -1))
+        proposer.feed(tokens, first.prompt_hidden, prompt_len)
+        return proposer
+
+
+class _EagleProposer(Proposer):
+    def __init__(self, method: Eagle, cache: SpecCache) -> None:
+        self.method, self.drafter, self.cache = method, method.drafter, cache
+        self.logp: Tensor | None = None     # [B, V'] the drafter's next-token log-probabilities after the root
+        self.feature: Tensor | None = None  # [B, H] its predicted hidden state at the root
+
+    def feed(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
+        """Commits ``count[b]`` entries per row: tokens ``x_{t+1}`` with the target's hidden
+        states ``f_t`` (both right-padded ``[B, W]``, ``[B, W, H]``); keeps the drafter's
+        prediction after each row's last."""
+        count = count.clamp_min(0)
+        width = max(int(count.max()), 1)
+        tokens, features = tokens[:, :width], features[:, :width]
+        logits, hidden = prefill_pass(self.drafter.model, self.cache, tokens, count, self.drafter.logits,
+                                      return_hidden=True, inputs_embeds=self.drafter.inputs(tokens, features))
+        self.logp, self.feature = logits.float().log_softmax(-1), hidden
+
+    def propose(self, ctx: Context) -> Proposal:
+        method = self.method
+        limit = ctx.node_budget(method.tree_nodes if method.branches > 1 else method.max_draft_tokens)
+        if limit == 0:
+            return Proposal.root_only(ctx.roots())
+        start = time.perf_counter()
+        fed: list[Tensor] = []  # the drafter's predicted hidden state at every fed node, by slot
+
+        def feed(tokens: Tensor, mask: Tensor, positions: Tensor, pending: int, parent_slot: Tensor) -> Tensor:
+            # A node's entry pairs its parent's predicted hidden state with its token, at its
+            # parent's position.
+            parents = self.feature[:, None].expand(-1, tokens.shape[1], -1)
+            if fed:
+                before = torch.cat(fed, 1)
+                at = parent_slot.clamp_min(0)[..., None].expand(-1, -1, before.shape[-1])
+                parents = torch.where(parent_slot[..., None] >= 0, torch.gather(before, 1, at), parents)
+            out = forward_pass(self.drafter.model, self.cache, tokens, attention_mask=mask,
+                               position_ids=positions - 1, pending=pending, head=self.drafter.logits,
+                               return_hidden=True, inputs_embeds=self.drafter.inputs(tokens, parents))
+            fed.append(out.hidden)
+            return out.logits.float().log_softmax(-1)
+
+        depth = min(method.max_draft_tokens, limit)
+        tree, n, passes = grow(self.logp, feed, method.branches, depth, limit, ctx, method.adaptive)
+        if ctx.tokens.device.type == "cpu":
+            ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
+        proposal, _ = select(tree, n, ctx.roots())
+        return proposal
+
+    def update(self, ctx: Context, step: StepResult) -> None:
+        # The entries of the committed tokens, with the target's hidden states along the
+        # accepted path (the drafted ones were fed the drafter's own predictions).
+        start = self.cache.lengths
+        count = ctx.lengths - 1 - start
+        width = max(int(count.max()), 1)
+        columns = torch.arange(width, device=start.device)
+        tokens = torch.gather(ctx.tokens, 1, (start[:, None] + 1 + columns).clamp_max(ctx.tokens.shape[1] - 1))
+        # A row commits at most its accepted nodes and one more: the root's and theirs
+        # (zeros past a row's count: padding).
+        features = step.hidden_on_path()[:, :width] * (columns < count[:, None])[..., None]
+        self.feed(tokens, features, count)
+
+    def keep_rows(self, rows: Tensor) -> None:
+        self.cache.keep_rows(rows)
+        self.logp, self.feature = self.logp[rows], self.feature[rows]
+
+    def join(self, other: _EagleProposer) -> None:
+        self.cache.join(other.cache)
+        self.logp = torch.cat([self.logp, other.logp])
+        self.feature = torch.cat([self.feature, other.feature])
