@@ -37,6 +37,8 @@ _LAZY = {
     "Ensemble": "specdec.proposers.ensemble",
     "MedusaHeads": "specdec.proposers.medusa.heads",
     "train_medusa": "specdec.training.medusa",
+    "EagleDrafter": "specdec.proposers.eagle.drafter",
+    "train_eagle": "specdec.training.eagle",
     "hf_generate": "specdec.integrations.hf",
     "SpecCache": "specdec.model.cache",
 }

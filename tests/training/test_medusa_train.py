@@ -7,8 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from support.models import tiny_lm
+from support.training import CharTokenizer, repeating_text
 
 import specdec
+import specdec.training.loop as training_loop
 import specdec.training.medusa as medusa_train
 from specdec import cli
 from specdec.cli import common
@@ -16,19 +18,6 @@ from specdec.proposers.medusa.heads import MedusaHeads
 from specdec.training.corpus import Chunk, build_chunks
 from specdec.training.features import Features, extract_features, head_targets
 from specdec.training.medusa import TrainConfig
-
-
-class CharTokenizer:
-    """One id per character, within the tiny models' 96 ids; BOS is 0."""
-
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=True):
-        return SimpleNamespace(input_ids=([0] if add_special_tokens else []) + [self.id(c) for c in text])
-
-    @staticmethod
-    def id(c):
-        return 3 + ord(c) % 90
 
 
 class ChatTokenizer:
@@ -86,17 +75,11 @@ def test_features_and_labels_match_a_direct_forward(tmp_path):
             assert targets[span, k - 1].tolist() == expected
 
 
-def _corpus(tmp_path, repeats=250):
-    path = tmp_path / "corpus.txt"
-    path.write_text("abcdefghijklmnop" * repeats)
-    return path
-
-
 def test_training_on_a_repetitive_text_predicts_far_above_chance(tmp_path):
     model = tiny_lm(seed=0)
     out = tmp_path / "heads"
     heads = specdec.train_medusa(model, CharTokenizer(), out, num_heads=3, num_tokens=3000, vocab_size=64,
-                                 data=_corpus(tmp_path), chunk_tokens=128, epochs=10, lr=1e-2,
+                                 data=repeating_text(tmp_path), chunk_tokens=128, epochs=10, lr=1e-2,
                                  cache_dir=tmp_path / "cache", verbose=False)
     m = heads.metrics
     chance = 1 / heads.config.vocab_size
@@ -124,22 +107,22 @@ def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_
     model = tiny_lm(seed=1)
     forwards = []
     model.get_decoder().register_forward_hook(lambda *args: forwards.append(1))
-    settings = dict(num_heads=2, num_tokens=1500, data=_corpus(tmp_path), chunk_tokens=100, epochs=3,
+    settings = dict(num_heads=2, num_tokens=1500, data=repeating_text(tmp_path), chunk_tokens=100, epochs=3,
                     lr=1e-2, cache_dir=tmp_path / "cache", verbose=False)
     whole = specdec.train_medusa(model, CharTokenizer(), tmp_path / "whole", **settings)
     assert len(forwards) == 15  # one per chunk, the first time
 
     forwards.clear()
-    save = medusa_train._save_checkpoint
+    save = training_loop.save_checkpoint
 
     def stop_after_one_epoch(heads, optimizer, checkpoint, state):
         save(heads, optimizer, checkpoint, state)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(medusa_train, "_save_checkpoint", stop_after_one_epoch)
+    monkeypatch.setattr(training_loop, "save_checkpoint", stop_after_one_epoch)
     with pytest.raises(KeyboardInterrupt):
         specdec.train_medusa(model, CharTokenizer(), tmp_path / "resumed", **settings)
-    monkeypatch.setattr(medusa_train, "_save_checkpoint", save)
+    monkeypatch.setattr(training_loop, "save_checkpoint", save)
     assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["epoch"] == 1
     with pytest.raises(ValueError, match="lr differ"):
         specdec.train_medusa(model, CharTokenizer(), tmp_path / "resumed", resume=True, **{**settings, "lr": 1e-3})
@@ -218,7 +201,7 @@ def test_cli_train_medusa_checks_data_before_loading_the_model(tmp_path, monkeyp
 
 def test_cached_heads_train_once_then_load(tmp_path, monkeypatch):
     model = tiny_lm(seed=0)
-    kw = dict(cache_dir=tmp_path, num_tokens=600, vocab_size=32, data=_corpus(tmp_path, 60),
+    kw = dict(cache_dir=tmp_path, num_tokens=600, vocab_size=32, data=repeating_text(tmp_path, 60),
               chunk_tokens=64, epochs=1, verbose=False)
     first = medusa_train.cached_heads(model, CharTokenizer(), "tiny/model-float32", **kw)
     assert (tmp_path / "medusa-heads" / "tiny_model-float32" / "config.json").is_file()

@@ -1,4 +1,4 @@
-"""The ``specdec`` command line: ``specdec generate | bench | train-medusa | models``."""
+"""The ``specdec`` command line: ``specdec generate | bench | train-medusa | train-eagle | models``."""
 
 from specdec.cli.commands import main
 

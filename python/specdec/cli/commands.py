@@ -125,17 +125,30 @@ def cmd_bench(args: argparse.Namespace) -> None:
     bench.main(args)
 
 
+def _check_data(args: argparse.Namespace) -> None:
+    """Exit unless every --data file exists (before the model is loaded)."""
+    missing = [p for p in args.data or () if not Path(p).is_file()]
+    if missing:
+        sys.exit(f"specdec {args.command}: --data: no such file: {', '.join(missing)}")
+
+
 def cmd_train_medusa(args: argparse.Namespace) -> None:
     from specdec.training.medusa import train_medusa
 
-    if args.data:  # argument errors before the model is loaded
-        missing = [p for p in args.data if not Path(p).is_file()]
-        if missing:
-            sys.exit(f"specdec train-medusa: --data: no such file: {', '.join(missing)}")
+    _check_data(args)
     target, tokenizer, _ = common.load_models(args)
     train_medusa(target, tokenizer, args.out, num_heads=args.heads, num_tokens=args.tokens,
                  vocab_size=args.vocab_size, data=args.data, num_layers=args.layers,
                  epochs=args.epochs, resume=args.resume)
+
+
+def cmd_train_eagle(args: argparse.Namespace) -> None:
+    from specdec.training.eagle import train_eagle
+
+    _check_data(args)
+    target, tokenizer, _ = common.load_models(args)
+    train_eagle(target, tokenizer, args.out, num_tokens=args.tokens, draft_vocab_size=args.draft_vocab_size,
+                data=args.data, epochs=args.epochs, resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -250,6 +263,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "the installed packages, chat-wrapped for chat models)")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     t.set_defaults(func=cmd_train_medusa, draft=None, draft_dtype=None)
+
+    from specdec.training.eagle import EagleTrainConfig  # its defaults are the command's
+
+    eagle = EagleTrainConfig()
+    e = sub.add_parser("train-eagle", help="train an EAGLE drafter for a target on its own features and greedy outputs")
+    add_model_args(e)
+    e.add_argument("--out", required=True, help="folder for the drafter (config.json, drafter.safetensors, "
+                   "metrics.json) and the per-epoch checkpoint")
+    e.add_argument("--tokens", type=int, default=eagle.num_tokens,
+                   help="tokens of text run through the target (a forward over them, cached with train-medusa's)")
+    e.add_argument("--draft-vocab-size", type=int, default=eagle.draft_vocab_size,
+                   help="the drafter scores token ids below N (the LM head's lowest rows)")
+    e.add_argument("--epochs", type=int, default=eagle.epochs)
+    e.add_argument("--data", nargs="+", metavar="PATH", default=None,
+                   help="text or .jsonl ({\"text\": ...} per line) files (default: the Python sources of "
+                        "the installed packages, chat-wrapped for chat models)")
+    e.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    # The target is left unprepared: the drafter starts from a copy of its last layer's weights,
+    # which a prepared (packed) layer no longer holds as parameters.
+    e.set_defaults(func=cmd_train_eagle, draft=None, draft_dtype=None, no_accelerate=True)
 
     from specdec.cli.export_vllm import add_parser as add_export_vllm
 

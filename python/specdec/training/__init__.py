@@ -1,1 +1,2 @@
-"""Training on CPU, self-distilled from the target: Medusa heads (``medusa``)."""
+"""Training on CPU, self-distilled from the target: Medusa heads (``medusa``), the EAGLE drafter
+(``eagle``); what they share in ``loop``."""

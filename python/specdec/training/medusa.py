@@ -15,11 +15,7 @@ see ``train_medusa``.
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import os
-import re
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,14 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdec.models import cache_dir as default_cache_dir
 from specdec.proposers.medusa.heads import RANKS, MedusaHeads
-from specdec.training.corpus import MIN_CHUNK_TOKENS, DataFiles, build_chunks
-from specdec.training.features import extract_features, head_targets
+from specdec.training.corpus import DataFiles
+from specdec.training.features import head_targets
+from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings, fit,
+                                   training_data, write_results)
 
 __all__ = ["TrainConfig", "cached_heads", "train_medusa"]
-
-CHECKPOINT = "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -63,13 +58,8 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_heads", "num_layers", "num_tokens", "vocab_size", "epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"train_medusa: {name} must be >= 1, got {getattr(self, name)}")
-        if self.chunk_tokens < MIN_CHUNK_TOKENS:
-            raise ValueError(f"train_medusa: chunk_tokens must be >= {MIN_CHUNK_TOKENS}, got {self.chunk_tokens}")
-        if self.heldout_every < 2:
-            raise ValueError(f"train_medusa: heldout_every must be >= 2, got {self.heldout_every}")
+        check_settings(self, "train_medusa",
+                       ("num_heads", "num_layers", "num_tokens", "vocab_size", "epochs", "batch_size"))
 
 
 def train_medusa(
@@ -131,13 +121,9 @@ def train_medusa(
                       vocab_size=vocab_size, chunk_tokens=chunk_tokens, epochs=epochs,
                       batch_size=batch_size, lr=lr, seed=seed)
     out = Path(out_dir)
-    say = _Reporter(verbose)
+    say = Reporter(verbose, "medusa")
     started = time.perf_counter()
-    chunks, source = build_chunks(tokenizer, data, num_tokens=cfg.num_tokens, chunk_tokens=cfg.chunk_tokens,
-                                  seed=cfg.seed)
-    say(f"[medusa] data: {source}: {len(chunks)} chunks, {sum(len(c.ids) for c in chunks)} tokens")
-    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    features, feature_s = extract_features(model, chunks, cfg.heldout_every, cache_root, verbose)
+    _, source, features, feature_s = training_data(model, tokenizer, data, cfg, cache_dir, say)
 
     train_pos, test_pos = features.positions(heldout=False), features.positions(heldout=True)
     targets = head_targets(features, cfg.num_heads)  # [N, K] target ids, -1: none
@@ -169,9 +155,7 @@ def train_medusa(
         "total_seconds": time.perf_counter() - started,
         "config": asdict(cfg),
     }
-    heads.save(out)
-    (out / "metrics.json").write_text(json.dumps({**heads.metrics, "rank_accuracy": rank_accuracy.tolist()},
-                                                 indent=2) + "\n")
+    write_results(heads, out)
     say(_report(heads))
     return heads
 
@@ -194,71 +178,23 @@ def evaluate(heads: MedusaHeads, hidden: Tensor, targets: Tensor, batch: int = 1
 
 
 def _train(heads: MedusaHeads, hidden: Tensor, mapped: Tensor, positions: Tensor, cfg: TrainConfig,
-           checkpoint: Path, features_key: str, resume: bool, say) -> float:
-    from tqdm.auto import tqdm
-
-    params = [p for p in heads.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr)
-    # The learning rate follows the planned number of steps: a resumed run must plan the same.
+           checkpoint: Path, features_key: str, resume: bool, say: Reporter) -> float:
     vocab_digest = hashlib.sha256(heads.vocab_ids.numpy().tobytes()).hexdigest()
     state = {"features": features_key, "vocab_ids": vocab_digest, **asdict(cfg)}
-    first_epoch = _resume(heads, optimizer, checkpoint, state, say) if resume else 0
-    steps_per_epoch = math.ceil(len(positions) / cfg.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs
     weights = torch.tensor([cfg.loss_decay ** k for k in range(cfg.num_heads)])
-    start = time.perf_counter()
-    heads.train()
-    with tqdm(total=total_steps, initial=first_epoch * steps_per_epoch, desc="heads", unit="step",
-              disable=not say.verbose, file=sys.stderr) as bar:
-        for epoch in range(first_epoch, cfg.epochs):
-            # Seeded per epoch, so a resumed run draws the batches an uninterrupted one would.
-            order = positions[torch.randperm(len(positions), generator=torch.Generator().manual_seed(cfg.seed + epoch))]
-            for step in range(steps_per_epoch):
-                done = epoch * steps_per_epoch + step
-                for group in optimizer.param_groups:  # cosine decay, a function of the step alone
-                    group["lr"] = cfg.lr * 0.5 * (1 + math.cos(math.pi * done / total_steps))
-                batch = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]
-                logits = heads(hidden[batch].float())  # [B, K, Vh]
-                y = mapped[batch]
-                losses = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=-1, reduction="none").sum(0)
-                loss = (weights * losses / (y >= 0).sum(0).clamp_min(1)).sum()
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}", refresh=False)
-                bar.update()
-            _save_checkpoint(heads, optimizer, checkpoint, {**state, "epoch": epoch + 1})
-    heads.eval()
-    return time.perf_counter() - start
 
+    def batch_loss(batch: Tensor) -> Tensor:
+        logits = heads(hidden[batch].float())  # [B, K, Vh]
+        y = mapped[batch]
+        losses = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=-1, reduction="none").sum(0)
+        return (weights * losses / (y >= 0).sum(0).clamp_min(1)).sum()
 
-def _save_checkpoint(heads: MedusaHeads, optimizer: torch.optim.Optimizer, checkpoint: Path,
-                     state: dict[str, Any]) -> None:
-    heads.save(checkpoint)
-    tmp = checkpoint / "optimizer.pt.tmp"
-    torch.save(optimizer.state_dict(), tmp)
-    os.replace(tmp, checkpoint / "optimizer.pt")
-    # Written last: a checkpoint counts only once its state names the epoch it holds.
-    (checkpoint / "state.json.tmp").write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(checkpoint / "state.json.tmp", checkpoint / "state.json")
+    def restore(path: Path) -> None:
+        heads.load_state_dict(MedusaHeads.load(path).state_dict())
 
-
-def _resume(heads: MedusaHeads, optimizer: torch.optim.Optimizer, checkpoint: Path,
-            state: dict[str, Any], say) -> int:
-    """The epoch to continue from, after loading the checkpoint's heads and optimizer."""
-    path = checkpoint / "state.json"
-    if not path.is_file():
-        say(f"[medusa] resume: no checkpoint in {checkpoint}: training from the start")
-        return 0
-    saved = json.loads(path.read_text())
-    differ = sorted(k for k in state if saved.get(k) != state[k])
-    if differ:
-        raise ValueError(f"train_medusa(resume=True): the checkpoint in {checkpoint} was made with other "
-                         f"settings or data ({', '.join(differ)} differ); resume with the same ones or start over")
-    heads.load_state_dict(MedusaHeads.load(checkpoint).state_dict())
-    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
-    say(f"[medusa] resuming after epoch {saved['epoch']} from {checkpoint}")
-    return saved["epoch"]
+    return fit(heads, positions, batch_loss, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+               seed=cfg.seed, checkpoint=Checkpoint(checkpoint, state, restore), resume=resume, say=say,
+               desc="heads")
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -275,29 +211,9 @@ def _commonest(labels: Tensor, n: int) -> Tensor:
 
 def _report(heads: MedusaHeads) -> str:
     m = heads.metrics or {}
-    lines = [f"[medusa] held-out accuracy ({m.get('heldout_positions')} positions; "
-             f"{m.get('heldout_in_vocab', 0):.1%} of the targets in the heads' {m.get('vocab_size')} ids):",
-             "head  predicts  top-1   top-5"]
-    for k, (top1, top5) in enumerate(zip(m["top1"], m["top5"]), 1):
-        lines.append(f"{k:4d}  t+{k + 1:<7d} {top1:.3f}   {top5:.3f}")
-    lines.append(f"per-rank accuracy [K, {RANKS}] (P(rank-r candidate is the target's token)):")
-    for k, row in enumerate(heads.rank_accuracy.tolist(), 1):
-        lines.append(f"{k:4d}  " + " ".join(f"{p:.3f}" for p in row))
-    feature_s = m.get("feature_seconds")
-    lines.append(f"[medusa] features {'cached' if feature_s is None else f'{feature_s:.0f} s'}, "
-                 f"training {m.get('train_seconds', 0):.0f} s, total {m.get('total_seconds', 0):.0f} s")
-    return "\n".join(lines)
-
-
-class _Reporter:
-    """Prints progress lines when verbose."""
-
-    def __init__(self, verbose: bool) -> None:
-        self.verbose = verbose
-
-    def __call__(self, message: str) -> None:
-        if self.verbose:
-            print(message, flush=True)
+    heading = (f"held-out accuracy ({m.get('heldout_positions')} positions; "
+               f"{m.get('heldout_in_vocab', 0):.1%} of the targets in the heads' {m.get('vocab_size')} ids):")
+    return accuracy_report("medusa", heading, "head", "K", m, heads.rank_accuracy)
 
 
 def cached_heads(model: nn.Module, tokenizer: Any, name: str,
@@ -311,9 +227,6 @@ def cached_heads(model: nn.Module, tokenizer: Any, name: str,
     take (the feature extraction's projection), minutes for a 1.5B target on a 2-core CPU
     (docs/benchmarks.md).
     """
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / "medusa-heads" / re.sub(r"[^\w.-]", "_", name)
-    if (path / "config.json").is_file():
-        return MedusaHeads.load(path).attach(model)
-    print(f"[medusa] no heads cached for {name}: training them once, into {path}", file=sys.stderr)
-    return train_medusa(model, tokenizer, path, cache_dir=cache_dir, **train_kwargs)
+    return cached("medusa-heads", name, cache_dir, lambda path: MedusaHeads.load(path).attach(model),
+                  lambda path: train_medusa(model, tokenizer, path, cache_dir=cache_dir, **train_kwargs),
+                  "heads", "medusa")

@@ -1,0 +1,431 @@
+"""Training an EAGLE drafter (:mod:`specdec.proposers.eagle.drafter`) on a frozen target by
+self-distillation, sized for a CPU.
+
+Data: the chunks and cached features Medusa's training uses (:mod:`specdec.training.corpus`,
+:mod:`specdec.training.features`; the same cache, so a target whose Medusa features are cached
+costs no forward): per position t of a chunk of tokens ``x``, the target's final hidden state
+``f_t`` (after the final norm) and its greedy token ``g_t = labels[t]`` for position t + 1
+(-1: not learned, the prompt of a chat-wrapped chunk).
+
+Entry t of the drafter reads ``(f_t, x_{t+1})`` (t = 0 .. n - 2) and learns
+
+* the next feature ``f_{t+1}``: smooth-L1, weight 1.0 (EAGLE's loss and weight: post-norm
+  features carry a few dimensions far larger than the rest, which a squared error would let
+  dominate; the regression is what keeps the predicted features usable as the next depth's
+  input), and
+* the target's token for position t + 2, ``labels[t + 1]``: cross-entropy of the scores over
+  ids ``0 .. draft_vocab_size - 1``, weight 0.1 (EAGLE's: cross-entropy over thousands of ids
+  is several nats where the per-dimension regression is a fraction of one, so at weight 1 it
+  would drown the regression; it aligns the features with the tokens that decide acceptance).
+  Ids past the drafter's vocabulary are not learned (their feature still is).
+
+Only positions whose label is learned count. A batch is a few whole chunks, right-padded: the
+drafter is causal, so padding never reaches a real position, and it is left out of the losses.
+Every ``heldout_every``-th chunk is held out: its accuracy is measured drafting from the
+drafter's own features (:func:`rollout`), as decoding drafts. The training checkpoints every
+epoch in ``out_dir`` and ``resume=True`` continues it (:mod:`specdec.training.loop`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specdec.model.prepare import dense_weight
+from specdec.proposers.eagle.drafter import EagleDrafter
+from specdec.proposers.medusa.heads import RANKS
+from specdec.training.corpus import DataFiles
+from specdec.training.features import Features
+from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings, fit,
+                                   training_data, write_results)
+
+__all__ = ["EagleTrainConfig", "cached_eagle", "evaluate", "rollout", "train_eagle"]
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    """What :func:`train_eagle` does; the fields besides its arguments are fixed choices.
+
+    ``num_tokens``: tokens of text run through the target (training and held-out together).
+    ``draft_vocab_size``: the drafter scores ids ``0 .. draft_vocab_size - 1``. ``batch_size``:
+    whole chunks per step. ``heldout_every``: every n-th chunk is held out. ``feature_weight``,
+    ``token_weight``: the losses' weights (the module's docstring says why these).
+    ``grad_clip``: the gradient's norm is clipped to it (EAGLE's 0.5). ``depth``: the held-out
+    accuracy is measured at depths 1 .. depth.
+    """
+
+    num_tokens: int = 20_000
+    draft_vocab_size: int = 32_768
+    chunk_tokens: int = 256
+    heldout_every: int = 10
+    epochs: int = 10
+    batch_size: int = 4
+    lr: float = 5e-4
+    feature_weight: float = 1.0
+    token_weight: float = 0.1
+    grad_clip: float = 0.5
+    depth: int = 5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_settings(self, "train_eagle", ("num_tokens", "draft_vocab_size", "epochs", "batch_size", "depth"))
+        if not self.lr > 0:
+            raise ValueError(f"train_eagle: lr must be > 0, got {self.lr}")
+
+
+def train_eagle(
+    model: nn.Module,
+    tokenizer: Any,
+    out_dir: str | os.PathLike[str],
+    num_tokens: int = 20_000,
+    draft_vocab_size: int = 32_768,
+    data: DataFiles = None,
+    *,
+    epochs: int = 10,
+    batch_size: int = 4,
+    lr: float = 5e-4,
+    chunk_tokens: int = 256,
+    resume: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    verbose: bool = True,
+    seed: int = 0,
+) -> EagleDrafter:
+    """Train an EAGLE drafter for ``model`` (:meth:`EagleDrafter.for_target`: the target's last
+    layer, its embedding and its LM head's rows ``0 .. draft_vocab_size - 1``) and save it in
+    ``out_dir``.
+
+    ``data``: None (Python sources of the installed packages, chat-wrapped for chat models),
+    or a text file, a JSONL file (``{"text": ...}`` per line) or a list of those, used as they
+    are. Writes ``out_dir/config.json`` and ``drafter.safetensors`` (:meth:`EagleDrafter.load`
+    reads them), ``metrics.json`` (held-out top-1/top-5 accuracy per depth, drafting from its
+    own features, and the per-rank table ``[depth, ranks]``, as Medusa's per head; also in
+    ``config.json`` and on the returned drafter), and ``out_dir/checkpoint/`` after every
+    epoch; ``resume=True`` continues from there with the same settings. ``batch_size`` counts
+    whole chunks (of ``chunk_tokens``). The target is not changed (its parameters are frozen
+    while the drafter trains, then as they were).
+
+    Budget: the target's forward over ``num_tokens`` tokens (the features; cached) and, per
+    epoch, the drafter's forward and backward over them: one decoder layer, ``fc`` and the
+    reduced LM head, about ``3 * layer + 2 * fc + 2 * head`` multiply-adds per position, in
+    parameters (the forward, then both gradients of the layer, only the weight's of ``fc``,
+    whose inputs are data, only the input's of the frozen head). SmolLM2-135M (a 3.5M layer,
+    fc 0.7M, head 18.9M): 0.1 GFLOP per position, measured 17 s per epoch on a 2-core AVX-512
+    CPU (about 110 GFLOP/s), 171 s for the default 10 epochs, its features 1-4 min (Medusa's
+    docs, and 265 s here while other work shared the machine). Qwen2.5-Coder-1.5B (a 47M
+    layer, fc 4.7M, head 50M): 0.5 GFLOP per position, so about 80 s per epoch, 14 min for 10,
+    after 5 min of features (docs/benchmarks.md, Medusa): about 20 minutes. AdamW at 5e-4,
+    gradient norm clipped to 0.5, decayed by a cosine over batches of 4 chunks (180 steps for
+    20k tokens). SmolLM2-135M, defaults: held-out top-1 at depths 1-5 0.227, 0.066, 0.037,
+    0.035, 0.026 (top-5 0.470 at depth 1), rising still at the last epochs (0.087 after one);
+    Medusa's head 1 and 2 on the same budget: 0.248, 0.131. Give more tokens where the budget
+    allows (``--tokens``; Medusa's heads gained from three times as many).
+
+    Example (a tiny random model and a one-id-per-character tokenizer, a second or two):
+        >>> import pathlib, tempfile
+        >>> from types import SimpleNamespace
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> target = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+        ...                                       num_hidden_layers=1, num_attention_heads=2)).eval()
+        >>> class Chars:
+        ...     chat_template = None
+        ...     def __call__(self, text):
+        ...         return SimpleNamespace(input_ids=[ord(c) for c in text])
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> d = pathlib.Path(tmp.name)
+        >>> _ = (d / "text.txt").write_text("abcdefgh" * 200)
+        >>> drafter = train_eagle(target, Chars(), d / "drafter", draft_vocab_size=100, data=d / "text.txt",
+        ...                       epochs=2, chunk_tokens=64, cache_dir=d / "cache", verbose=False)
+        >>> drafter.rank_accuracy.shape, len(drafter.metrics["top1"])  # depths 1-5, ranks 1-10
+        (torch.Size([5, 10]), 5)
+        >>> sorted(p.name for p in (d / "drafter").iterdir())
+        ['checkpoint', 'config.json', 'drafter.safetensors', 'metrics.json']
+        >>> tmp.cleanup()
+    """
+    cfg = EagleTrainConfig(num_tokens=num_tokens, draft_vocab_size=draft_vocab_size, chunk_tokens=chunk_tokens,
+                           epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+    out = Path(out_dir)
+    say = Reporter(verbose, "eagle")
+    started = time.perf_counter()
+    chunks, source, features, feature_s = training_data(model, tokenizer, data, cfg, cache_dir, say)
+    ids = torch.tensor([i for chunk in chunks for i in chunk.ids])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)  # any weight for_target does not copy starts the same every run
+        drafter = _start(EagleDrafter.for_target(model, cfg.draft_vocab_size))
+    V = drafter.config.draft_vocab_size
+    head = _head(model, V, drafter.dtype)
+
+    entries = [features.labels[_entries(features, c)] for c in range(len(chunks))]  # their targets' labels
+    train = torch.tensor([c for c, e in enumerate(entries) if not features.heldout[c] and (e >= 0).any()],
+                         dtype=torch.long)
+    train_labels = torch.cat([entries[c] for c in train.tolist()])
+    heldout_labels = torch.cat([e for c, e in enumerate(entries) if features.heldout[c]])
+    say(f"[eagle] the drafter scores ids 0..{V - 1}: {_share(train_labels, V):.1%} of the training labels; "
+        f"{int((train_labels >= 0).sum())} training positions in {len(train)} chunks, "
+        f"{int((heldout_labels >= 0).sum())} held-out")
+
+    def heldout_top1(epoch: int) -> str:
+        accuracy, _ = evaluate(drafter, ids, features, depth=1, head=head)
+        return f"[eagle] epoch {epoch}: held-out top-1 at depth 1 {float(accuracy[0, 0]):.3f}"
+
+    with _frozen(model):
+        train_s = _train(drafter, head, ids, features, train, cfg, out / CHECKPOINT, resume, say, heldout_top1)
+    eval_start = time.perf_counter()
+    rank_accuracy, counts = evaluate(drafter, ids, features, cfg.depth, head=head)
+    drafter.rank_accuracy = rank_accuracy
+    drafter.metrics = {
+        "top1": rank_accuracy[:, 0].tolist(),
+        "top5": rank_accuracy[:, :5].sum(1).tolist(),
+        "heldout_positions": counts,
+        "heldout_in_vocab": _share(heldout_labels, V),
+        "train_positions": int((train_labels >= 0).sum()),
+        "tokens": int(features.offsets[-1]),
+        "draft_vocab_size": V,
+        "data": source,
+        "feature_seconds": feature_s,
+        "train_seconds": train_s,
+        "eval_seconds": time.perf_counter() - eval_start,
+        "total_seconds": time.perf_counter() - started,
+        "config": asdict(cfg),
+    }
+    write_results(drafter, out)
+    say(_report(drafter))
+    return drafter
+
+
+@torch.no_grad()
+def rollout(drafter: EagleDrafter, ids: Tensor, hidden: Tensor, depth: int, greedy: Tensor | None = None,
+            ) -> list[Tensor]:
+    """The features the drafter predicts over one chunk when it drafts from its own features,
+    for depths 1 .. ``depth``: entry ``[s]`` of the d-th tensor (``[n - d, H]``) is the feature
+    predicted at depth d by a draft that starts after the chunk's position s + 1, i.e. from
+    ``(f_s, x_{s+1})``; it scores the token for position s + d + 1, whose target is the
+    target's ``labels[s + d]`` (so depth d is comparable with Medusa's head d at position s).
+
+    ``ids [n]``: the chunk's tokens ``x``; ``hidden [n, H]``: the target's features ``f``.
+
+    As in decoding, a draft starting at s runs on the drafter's cache of the real entries
+    ``(f_j, x_{j+1})``, j <= s, and then feeds itself: its depth-d entry (d >= 2) sits at
+    position s + d - 1 and reads the feature its depth-(d-1) entry predicted together with the
+    token for position s + d: the text's ``x_{s+d}``, the token the target's label
+    ``labels[s + d]`` was computed after (with ``greedy``, the target's labels, instead
+    ``greedy[s + d - 1]``: its greedy path, the text's token where a label is -1; but where the
+    text leaves that path, the label that entry is scored against follows the text, not the
+    token it was fed). So pass d runs the depth-d entries of all starts at once, each shifted
+    one position right of its depth-(d-1) entry and reading that entry's output, on a KV cache
+    holding the passes before, under a mask that lets the entry of start s see the real entries
+    j <= s and the deeper entries of its own start only: exactly what a draft from s would
+    compute alone, for every s in d passes.
+
+    Example (the predictions of depth 2 are those of a draft started alone):
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...                                       num_hidden_layers=1, num_attention_heads=4)).eval()
+        >>> drafter = EagleDrafter.for_target(target)
+        >>> x = torch.tensor([3, 9, 4, 7, 5, 8])
+        >>> f = target.model(x[None]).last_hidden_state[0].detach()
+        >>> depth1, depth2 = rollout(drafter, x, f, depth=2)
+        >>> s = 2  # a draft from (f_2, x_3): the real entries 0..2, then its prediction with x_4
+        >>> with torch.no_grad():
+        ...     first = drafter(x[None, 1:s + 2], f[None, :s + 1])[0, -1]
+        ...     second = drafter(x[None, 1:s + 3], torch.cat([f[:s + 1], first[None]])[None])[0, -1]
+        >>> torch.allclose(depth1[s], first, atol=1e-5), torch.allclose(depth2[s], second, atol=1e-5)
+        (True, True)
+    """
+    from transformers import DynamicCache
+
+    device = drafter.fc.weight.device
+    n = len(ids)
+    x, f = ids.to(device), hidden.to(device, drafter.dtype)
+    feed = x[1:]  # feed[j]: the token for position j + 1
+    if greedy is not None:
+        g = greedy.to(device).long()[:-1]
+        feed = torch.where(g >= 0, g, feed)
+    decoder = drafter.model.get_decoder()
+    cache = DynamicCache(config=drafter.model.config)
+    key_start: list[Tensor] = []  # per cached entry: the start s of its draft, and its depth
+    key_depth: list[Tensor] = []
+    predicted: list[Tensor] = []
+    for d in range(1, depth + 1):
+        m = n - d  # starts s = 0 .. n - 1 - d have a target at depth d (labels[s + d])
+        if m < 1:
+            break
+        s = torch.arange(m, device=device)
+        if d == 1:
+            tokens, features = x[1:], f[:-1]                       # the real entries (f_s, x_{s+1})
+        else:
+            tokens, features = feed[s + d - 1], predicted[-1][:m]  # (own f_{s+d-1}, token for s + d)
+        key_start.append(s)
+        key_depth.append(torch.full((m,), d, device=device))
+        starts, depths = torch.cat(key_start), torch.cat(key_depth)
+        # Start s sees the real entries up to its own and the entries of its own draft.
+        mask = torch.where(depths == 1, starts <= s[:, None], starts == s[:, None])
+        out = decoder(inputs_embeds=drafter.inputs(tokens[None], features[None]), attention_mask=mask[None, None],
+                      position_ids=(s + d - 1)[None], cache=cache, use_cache=True)
+        predicted.append(out.last_hidden_state[0])
+    return predicted
+
+
+@torch.no_grad()
+def evaluate(drafter: EagleDrafter, ids: Tensor, features: Features, depth: int = 5,
+             head: Callable[[Tensor], Tensor] | None = None, greedy_path: bool = False) -> tuple[Tensor, int]:
+    """The per-rank accuracy table ``[depth, RANKS]`` over the held-out chunks of
+    ``features`` (``ids``: the chunks' tokens, concatenated), drafting from the drafter's own
+    features (:func:`rollout`): entry ``[d - 1, r]`` is the share of positions where the
+    rank-r candidate at depth d is the target's token (targets outside the drafter's vocabulary
+    count as misses), as Medusa's table per head; and the number of positions at depth 1.
+    ``head``: the scores (default: ``drafter.logits``). ``greedy_path``: deeper entries read the
+    target's greedy tokens instead of the text's (:func:`rollout`)."""
+    head = head or drafter.logits
+    k = min(RANKS, drafter.config.draft_vocab_size)
+    hits = torch.zeros(depth, RANKS)
+    valid = torch.zeros(depth)
+    was_training = drafter.training
+    drafter.eval()
+    for c in range(len(features.heldout)):
+        if not features.heldout[c]:
+            continue
+        span = slice(int(features.offsets[c]), int(features.offsets[c + 1]))
+        labels = features.labels[span].long()
+        greedy = labels if greedy_path else None
+        for d, predicted in enumerate(rollout(drafter, ids[span], features.hidden[span], depth, greedy), 1):
+            target = labels[d: d + len(predicted)]
+            top = head(predicted).topk(k, -1).indices.cpu()
+            hits[d - 1, :k] += (top == target[:, None]).sum(0)  # -1 (not learned) matches nothing
+            valid[d - 1] += (target >= 0).sum()
+    drafter.train(was_training)
+    return hits / valid.clamp_min(1)[:, None], int(valid[0])
+
+
+# --- training --------------------------------------------------------------------------------
+
+
+def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor, features: Features,
+           chunks: Tensor, cfg: EagleTrainConfig, checkpoint: Path, resume: bool, say: Reporter,
+           after_epoch: Callable[[int], str]) -> float:
+    state = {"features": features.digest(), **asdict(cfg)}
+    V = drafter.config.draft_vocab_size
+
+    def batch_loss(batch: Tensor) -> Tensor:
+        tokens, inputs, targets, labels = _batch(drafter, ids, features, batch)
+        predicted = drafter(tokens, inputs)  # [B, T, H]
+        learned = labels >= 0
+        scored = learned & (labels < V)
+        loss = cfg.feature_weight * F.smooth_l1_loss(predicted[learned], targets[learned])
+        if scored.any():
+            loss = loss + cfg.token_weight * F.cross_entropy(head(predicted[scored]), labels[scored])
+        return loss
+
+    def restore(path: Path) -> None:
+        saved = EagleDrafter.load(path).weights()
+        with torch.no_grad():
+            for name, value in drafter.weights().items():
+                value.copy_(saved[name])
+
+    return fit(drafter, chunks, batch_loss, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+               seed=cfg.seed, checkpoint=Checkpoint(checkpoint, state, restore), resume=resume, say=say,
+               desc="drafter", grad_clip=cfg.grad_clip, after_epoch=after_epoch)
+
+
+# The layer's projections back into the residual stream (Llama, Qwen2, Mistral and kin).
+OUTPUT_PROJECTIONS = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def _start(drafter: EagleDrafter) -> EagleDrafter:
+    """The drafter training starts from: the layer's output projections zeroed, so that its
+    first prediction is ``fc``'s ``f_t + embed(x_{t+1})``, at the features' scale, and
+    attention and MLP learn corrections to it. As copied, the target's last layer writes updates
+    at the scale of the target's residual stream, which its final norm brings back to the
+    features': without that norm its predictions start far off (SmolLM2-135M: 38 per dimension
+    where the features are about 1; 6 epochs of the default training left them at 9, held-out
+    top-1 at 0.01). The other weights (attention's queries, keys and values, the MLP's input
+    side) stay the target's."""
+    with torch.no_grad():
+        for name in OUTPUT_PROJECTIONS:
+            try:
+                drafter.layer.get_submodule(name).weight.zero_()
+            except AttributeError:  # another layout: leave it as copied
+                pass
+    return drafter
+
+
+def _batch(drafter: EagleDrafter, ids: Tensor, features: Features, chunks: Tensor,
+           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Whole chunks, right-padded to the longest: the drafter's inputs ``x_{t+1}`` ``[B, T]``
+    and ``f_t`` ``[B, T, H]``, its targets ``f_{t+1}`` ``[B, T, H]`` and ``labels[t + 1]``
+    ``[B, T]`` (-1 in the padding)."""
+    spans = [(int(features.offsets[c]), int(features.offsets[c + 1])) for c in chunks.tolist()]
+    B, T, H = len(spans), max(b - a for a, b in spans) - 1, features.hidden.shape[1]
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    inputs = torch.zeros(B, T, H, dtype=drafter.dtype)
+    targets = torch.zeros(B, T, H, dtype=drafter.dtype)
+    labels = torch.full((B, T), -1, dtype=torch.long)
+    for i, (a, b) in enumerate(spans):
+        n = b - a - 1
+        tokens[i, :n] = ids[a + 1: b]
+        inputs[i, :n] = features.hidden[a: b - 1]
+        targets[i, :n] = features.hidden[a + 1: b]
+        labels[i, :n] = features.labels[a + 1: b]
+    device = drafter.fc.weight.device
+    return tokens.to(device), inputs.to(device), targets.to(device), labels.to(device)
+
+
+def _head(model: nn.Module, n: int, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+    """Scores of ids ``0 .. n - 1`` by the target's LM head, as ``drafter.logits`` gives them,
+    from a plain copy of its rows in the drafter's dtype: a prepared (packed) head has no
+    backward, and a bfloat16 head would not take the drafter's float32 features."""
+    lm_head = model.get_output_embeddings()
+    weight = dense_weight(lm_head)[:n].detach().to(dtype, copy=True)
+    bias = lm_head.bias[:n].detach().to(dtype, copy=True) if getattr(lm_head, "bias", None) is not None else None
+    return lambda features: F.linear(features.to(dtype), weight, bias)
+
+
+@contextmanager
+def _frozen(model: nn.Module) -> Iterator[None]:
+    """The target's parameters need no gradient while the drafter trains (the drafter embeds
+    with the target's embedding): no gradient is computed for them, none left on them."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def _entries(features: Features, c: int) -> slice:
+    """Chunk c's positions 1 .. n - 1: the targets of its drafter entries."""
+    return slice(int(features.offsets[c]) + 1, int(features.offsets[c + 1]))
+
+
+def _share(labels: Tensor, n: int) -> float:
+    """The share of the learned ``labels`` below ``n``."""
+    learned = labels[labels >= 0]
+    return float((learned < n).float().mean()) if len(learned) else 0.0
+
+
+def _report(drafter: EagleDrafter) -> str:
+    m = drafter.metrics or {}
+    heading = (f"held-out accuracy drafting from its own features ({m.get('heldout_positions')} positions; "
+               f"{m.get('heldout_in_vocab', 0):.1%} of the targets in the drafter's {m.get('draft_vocab_size')} ids):")
+    return accuracy_report("eagle", heading, "depth", "D", m, drafter.rank_accuracy)
+
+
+def cached_eagle(model: nn.Module, tokenizer: Any, name: str,
+                 cache_dir: str | os.PathLike[str] | None = None, **train_kwargs: Any) -> EagleDrafter:
+    """An EAGLE drafter for ``model`` kept under ``<specdec cache>/eagle-drafters/<name>``:
+    loaded (and attached) when there, trained there on first use with :func:`train_eagle`
+    (``train_kwargs``) otherwise. ``name`` identifies the model and its dtype (e.g.
+    ``"qwen2.5-coder-1.5b-float32"``)."""
+    return cached("eagle-drafters", name, cache_dir, lambda path: EagleDrafter.load(path).attach(model),
+                  lambda path: train_eagle(model, tokenizer, path, cache_dir=cache_dir, **train_kwargs),
+                  "drafter", "eagle")

@@ -1,0 +1,261 @@
+"""train_eagle: the held-out rollout's alignment, learning, resuming, files, the CLI."""
+
+import doctest
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+from support.models import tiny_lm
+from support.training import CharTokenizer, repeating_text
+
+import specdec
+import specdec.training.eagle as eagle_train
+import specdec.training.loop as training_loop
+from specdec import cli
+from specdec.cli import common
+from specdec.proposers.eagle.drafter import EagleDrafter
+from specdec.training.eagle import EagleTrainConfig, evaluate, rollout
+from specdec.training.corpus import build_chunks
+from specdec.training.features import Features, extract_features
+
+
+def test_docstring_examples():
+    for module in (eagle_train, training_loop):
+        result = doctest.testmod(module, extraglobs={"torch": torch})
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def _forward(target, ids):
+    with torch.no_grad():
+        hidden = target.model(ids[None]).last_hidden_state[0]  # after the final norm
+    return hidden, target.lm_head(hidden).argmax(-1)
+
+
+def _draft_alone(drafter, x, f, s, depth, g=None):
+    """A draft from ``(f_s, x_{s+1})`` as decoding runs it: at each depth one causal pass over
+    the real entries 0..s and the draft so far (its own features; the text's tokens, or with
+    ``g`` the target's greedy tokens where learned)."""
+    tokens, features, predicted = x[1: s + 2].tolist(), f[: s + 1], []
+    for d in range(1, depth + 1):
+        with torch.no_grad():
+            p = drafter(torch.tensor([tokens]), features[None])[0, -1]
+        predicted.append(p)
+        if d < depth:  # the token for position s + d + 1
+            tokens.append(int(g[s + d]) if g is not None and g[s + d] >= 0 else int(x[s + d + 1]))
+            features = torch.cat([features, p[None]])
+    return predicted
+
+
+def _assert_same(predicted, expected):
+    # The untrained drafter's features grow with depth (to thousands): float32 rounding.
+    torch.testing.assert_close(predicted, expected, atol=1e-5 * float(expected.abs().max()), rtol=1e-5)
+
+
+def test_rollout_drafts_from_each_position_as_a_draft_alone_would():
+    target = tiny_lm(seed=2)
+    drafter = EagleDrafter.for_target(target)
+    x = torch.randint(3, 96, (24,), generator=torch.Generator().manual_seed(0))
+    f, g = _forward(target, x)
+    g[:5] = -1  # a prompt: its labels are not learned; on the greedy path the text's tokens are fed
+    predicted = rollout(drafter, x, f, depth=4)
+    on_greedy_path = rollout(drafter, x, f, depth=4, greedy=g)
+    assert [p.shape for p in predicted] == [torch.Size([24 - d, 64]) for d in (1, 2, 3, 4)]
+    torch.testing.assert_close(on_greedy_path[0], predicted[0])  # depth 1: the real entries alike
+    for s in (0, 2, 3, 9, 19):
+        for d, expected in enumerate(_draft_alone(drafter, x, f, s, depth=4), 1):
+            _assert_same(predicted[d - 1][s], expected)
+        for d, expected in enumerate(_draft_alone(drafter, x, f, s, depth=4, g=g), 1):
+            _assert_same(on_greedy_path[d - 1][s], expected)
+    assert not torch.allclose(on_greedy_path[1][5:], predicted[1][5:], atol=1e-3)  # the random target's
+    # greedy tokens are not the text's
+    # Not one causal pass over the depth-1 predictions shifted right (each entry's context its
+    # neighbours' predictions): a draft's context is the real entries.
+    with torch.no_grad():
+        shifted = drafter(x[None, 2:23], predicted[0][None, :21], position_ids=torch.arange(1, 22)[None])[0]
+    assert not torch.allclose(shifted, predicted[1][:21], atol=1e-3)
+
+
+def _copying_drafter(target):
+    """A drafter whose prediction is its input feature: fc = [0 | I], the layer's attention and
+    MLP outputs zero, so depth d from position s scores ``lm_head(f_s)``."""
+    drafter = EagleDrafter.for_target(target)
+    H = drafter.config.hidden_size
+    with torch.no_grad():
+        drafter.fc.weight.copy_(torch.cat([torch.zeros(H, H), torch.eye(H)], 1))
+        drafter.layer.self_attn.o_proj.weight.zero_()
+        drafter.layer.mlp.down_proj.weight.zero_()
+    return drafter
+
+
+def test_held_out_accuracy_of_a_drafter_known_exactly():
+    target = tiny_lm(seed=4)
+    gen = torch.Generator().manual_seed(1)
+    chunks = [torch.randint(3, 20, (n,), generator=gen) for n in (30, 40, 33)]  # few ids: repeats
+    forwards = [_forward(target, ids) for ids in chunks]
+    labels = [g.to(torch.int32) for _, g in forwards]
+    labels[2][:3] = -1  # not learned
+    features = Features(hidden=torch.cat([h for h, _ in forwards]).half(), labels=torch.cat(labels),
+                        offsets=torch.tensor([0, 30, 70, 103]), heldout=torch.tensor([False, True, True]))
+    drafter = _copying_drafter(target)
+    accuracy, positions = evaluate(drafter, torch.cat(chunks), features, depth=3)
+    # The copying drafter ignores its tokens: the same along the target's greedy path.
+    torch.testing.assert_close(evaluate(drafter, torch.cat(chunks), features, depth=3, greedy_path=True)[0],
+                               accuracy)
+
+    hits, counts = torch.zeros(3, 10), torch.zeros(3)
+    for c in (1, 2):  # depth d from s predicts the target's token for position s + d + 1: labels[s + d]
+        span = slice(int(features.offsets[c]), int(features.offsets[c + 1]))
+        hidden, lab = features.hidden[span].float(), features.labels[span].long()
+        ranked = target.lm_head(hidden).topk(10, -1).indices  # the copying drafter's candidates at s
+        for d in (1, 2, 3):
+            for s in range(len(lab) - d):
+                if lab[s + d] >= 0:
+                    counts[d - 1] += 1
+                    hits[d - 1] += ranked[s] == lab[s + d]
+    assert positions == counts[0] == 39 + 30
+    torch.testing.assert_close(accuracy, hits / counts[:, None])
+    assert accuracy[0].sum() > 0 and accuracy.sum() < 3  # neither always right nor never
+
+
+def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys):
+    # Weights of a trained model's scale (features about 1 per dimension): those of tiny_lm's
+    # default (0.3) make features chaotic functions of the context, hundreds wide.
+    model = tiny_lm(seed=0, init=0.02)
+    out = tmp_path / "drafter"
+    drafter = specdec.train_eagle(model, CharTokenizer(), out, num_tokens=3000, draft_vocab_size=96,
+                                  data=repeating_text(tmp_path), chunk_tokens=128, epochs=8, lr=3e-3,
+                                  cache_dir=tmp_path / "cache")
+    m = drafter.metrics
+    assert m["heldout_positions"] > 200 and m["heldout_in_vocab"] == 1.0
+    assert m["top1"][0] > 0.9 and min(m["top1"][:4]) > 0.7 and m["top1"][4] > 0.4  # chance: 1/96
+    assert drafter.rank_accuracy.shape == (5, 10) and (drafter.rank_accuracy.sum(1) <= 1 + 1e-6).all()
+    torch.testing.assert_close(torch.tensor(m["top5"]), drafter.rank_accuracy[:, :5].sum(1))
+    assert m["config"] == asdict(EagleTrainConfig(num_tokens=3000, draft_vocab_size=96, chunk_tokens=128,
+                                                  epochs=8, lr=3e-3))
+    # The same drafter before training (the target's last layer, fc adding the token's embedding).
+    chunks, _ = build_chunks(CharTokenizer(), repeating_text(tmp_path), num_tokens=3000, chunk_tokens=128)
+    features, seconds = extract_features(model, chunks, 10, tmp_path / "cache", verbose=False)
+    assert seconds is None  # the training's, from the cache
+    untrained, _ = evaluate(EagleDrafter.for_target(model, 96), torch.tensor([i for c in chunks for i in c.ids]),
+                            features)
+    assert (untrained[:, 0] < 0.1).all() and (drafter.rank_accuracy[:, 0] > untrained[:, 0] + 0.3).all()
+    # The target is as it was: nothing trained, no gradients left on it.
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())
+
+    printed = capsys.readouterr().out
+    assert "[eagle] epoch 8: held-out top-1 at depth 1" in printed and "depth  predicts  top-1" in printed
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["top1"] == m["top1"] and saved["rank_accuracy"] == drafter.rank_accuracy.tolist()
+
+    loaded = EagleDrafter.load(out)  # the files round trip
+    assert loaded.metrics == json.loads(json.dumps(m)) and torch.equal(loaded.rank_accuracy, drafter.rank_accuracy)
+    for name, value in drafter.weights().items():
+        assert torch.equal(loaded.weights()[name], value), name
+    x, f = torch.randint(3, 96, (2, 7)), torch.randn(2, 7, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.attach(model).logits(loaded(x, f)), drafter.logits(drafter(x, f)))
+
+    with pytest.raises(ValueError, match="hidden size 64; this target's is 32"):
+        loaded.attach(tiny_lm(seed=0, hidden_size=32))
+    with pytest.raises(ValueError, match="96 token ids; this target scores 128"):
+        loaded.attach(tiny_lm(seed=0, vocab=128))
+
+
+def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_path, monkeypatch):
+    model = tiny_lm(seed=1)
+    forwards = []
+    model.get_decoder().register_forward_hook(lambda *args: forwards.append(1))
+    settings = dict(num_tokens=1500, draft_vocab_size=90, data=repeating_text(tmp_path), chunk_tokens=100,
+                    epochs=3, batch_size=2, lr=3e-3, cache_dir=tmp_path / "cache", verbose=False)
+    whole = specdec.train_eagle(model, CharTokenizer(), tmp_path / "whole", **settings)
+    assert len(forwards) == 15  # one per chunk, the first time
+
+    forwards.clear()
+    save = training_loop.save_checkpoint
+
+    def stop_after_one_epoch(drafter, optimizer, checkpoint, state):
+        save(drafter, optimizer, checkpoint, state)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training_loop, "save_checkpoint", stop_after_one_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        specdec.train_eagle(model, CharTokenizer(), tmp_path / "resumed", **settings)
+    monkeypatch.setattr(training_loop, "save_checkpoint", save)
+    assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["epoch"] == 1
+    with pytest.raises(ValueError, match=r"train_eagle\(resume=True\).*\(lr differ\)"):
+        specdec.train_eagle(model, CharTokenizer(), tmp_path / "resumed", resume=True, **{**settings, "lr": 1e-3})
+    with pytest.raises(ValueError, match=r"\(draft_vocab_size, epochs differ\)"):
+        specdec.train_eagle(model, CharTokenizer(), tmp_path / "resumed", resume=True,
+                            **{**settings, "epochs": 4, "draft_vocab_size": 80})
+    resumed = specdec.train_eagle(model, CharTokenizer(), tmp_path / "resumed", resume=True, **settings)
+    assert forwards == []  # the target never ran again: the features came from the cache
+    untrained = EagleDrafter.for_target(model, 90).weights()
+    for name, value in whole.weights().items():
+        assert torch.equal(resumed.weights()[name], value), name
+    assert any(not torch.equal(untrained[name], value) for name, value in whole.weights().items())
+    assert resumed.metrics["top1"] == whole.metrics["top1"]
+
+
+def test_missing_files_and_bad_settings(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        EagleDrafter.load(tmp_path / "nothing")
+    model = tiny_lm(seed=0)
+    drafter = EagleDrafter.for_target(model, 50)
+    drafter.save(tmp_path / "d")
+    (tmp_path / "d" / "drafter.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no drafter.safetensors"):
+        EagleDrafter.load(tmp_path / "d")
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        EagleTrainConfig(depth=0)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        EagleTrainConfig(lr=0.0)
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 32"):
+        specdec.train_eagle(model, CharTokenizer(), tmp_path / "o", chunk_tokens=8)
+
+
+def test_cached_eagle_trains_once_then_loads(tmp_path, monkeypatch):
+    model = tiny_lm(seed=0)
+    kw = dict(cache_dir=tmp_path, num_tokens=600, draft_vocab_size=32, data=repeating_text(tmp_path, 60),
+              chunk_tokens=64, epochs=1, verbose=False)
+    first = eagle_train.cached_eagle(model, CharTokenizer(), "tiny/model-float32", **kw)
+    assert (tmp_path / "eagle-drafters" / "tiny_model-float32" / "config.json").is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again instead of loading the cached drafter")
+
+    monkeypatch.setattr(eagle_train, "train_eagle", no_training)
+    again = eagle_train.cached_eagle(model, CharTokenizer(), "tiny/model-float32", **kw)
+    x, f = torch.randint(3, 96, (1, 5)), torch.randn(1, 5, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(again.logits(again(x, f)), first.logits(first(x, f)))
+
+
+def test_cli_train_eagle_passes_its_flags(tmp_path, monkeypatch):
+    calls = {}
+
+    def load_models(args):
+        calls["no_accelerate"] = args.no_accelerate
+        return "target", "tokenizer", None
+
+    monkeypatch.setattr(common, "load_models", load_models)
+    monkeypatch.setattr(eagle_train, "train_eagle", lambda *a, **kw: calls.update(args=a, kwargs=kw))
+    data = tmp_path / "d.txt"
+    data.write_text("text")
+    cli.main(["train-eagle", "--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--tokens", "5000",
+              "--draft-vocab-size", "1000", "--data", str(data), "--epochs", "3", "--resume"])
+    assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
+    assert calls["kwargs"] == dict(num_tokens=5000, draft_vocab_size=1000, data=[str(data)], epochs=3, resume=True)
+    assert calls["no_accelerate"]  # the drafter copies the target's last layer: left unpacked
+    cli.main(["train-eagle", "--model", "smollm2-135m", "--out", "o"])
+    defaults = EagleTrainConfig()
+    assert calls["kwargs"] == dict(num_tokens=defaults.num_tokens, draft_vocab_size=defaults.draft_vocab_size,
+                                   data=None, epochs=defaults.epochs, resume=False)
+
+    def no_models(args):
+        raise AssertionError("the model was loaded before --data was checked")
+
+    monkeypatch.setattr(common, "load_models", no_models)
+    with pytest.raises(SystemExit, match="specdec train-eagle: --data: no such file: .*missing.txt"):
+        cli.main(["train-eagle", "--model", "smollm2-135m", "--out", str(tmp_path),
+                  "--data", str(tmp_path / "missing.txt")])
