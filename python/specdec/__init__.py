@@ -34,6 +34,7 @@ _LAZY = {
     "PromptLookup": "specdec.proposers.prompt_lookup",
     "Lookahead": "specdec.proposers.lookahead",
     "Medusa": "specdec.proposers.medusa.proposer",
+    "Eagle": "specdec.proposers.eagle.proposer",
     "Ensemble": "specdec.proposers.ensemble",
     "MedusaHeads": "specdec.proposers.medusa.heads",
     "train_medusa": "specdec.training.medusa",

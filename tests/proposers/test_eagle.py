@@ -27,7 +27,9 @@ def oracle_drafter(target):
     and without the final norm its logits are the target's scaled by a positive factor."""
     drafter = EagleDrafter.for_target(target, target.config.vocab_size)
     H = target.config.hidden_size
+    layer = {k: v for k, v in target.model.layers[0].state_dict().items() if not k.startswith("input_layernorm")}
     with torch.no_grad():
+        drafter.layer.load_state_dict(layer)  # the output projections too (a fresh drafter's are zero)
         drafter.fc.weight.copy_(torch.cat([torch.eye(H), torch.zeros(H, H)], 1))
     return drafter
 
@@ -145,3 +147,24 @@ def test_saved_drafter_proposes_the_same(tmp_path):
                              method=specdec.Eagle(d, max_draft_tokens=3, adaptive=False)) for d in (drafter, again)]
     assert [a.tolist() for a in runs[0].stats.accepted] == [a.tolist() for a in runs[1].stats.accepted]
     assert torch.equal(runs[0].sequences, runs[1].sequences)
+
+
+def test_fresh_drafter_of_a_prepared_target_and_in_its_dtype():
+    # The layer is copied from the target's packed weights, and the drafter scores in the
+    # target's dtype (a bf16 target's LM head rows).
+    plain = tiny_lm("qwen2", seed=49)
+    prepared = specdec.pack_linear_layers(tiny_lm("qwen2", seed=49))
+    a, b = EagleDrafter.for_target(plain), EagleDrafter.for_target(prepared)
+    for (name, x), (_, y) in zip(a.weights().items(), b.weights().items()):
+        assert torch.equal(x, y), name
+    q = a.layer.self_attn.q_proj.weight
+    assert torch.equal(q, plain.model.layers[-1].self_attn.q_proj.weight)
+    assert not a.layer.self_attn.o_proj.weight.any() and not a.layer.mlp.down_proj.weight.any()
+    half = tiny_lm("llama", seed=50).to(torch.bfloat16)
+    drafter = EagleDrafter.for_target(half)
+    assert drafter.logits(torch.randn(2, 64)).dtype == torch.bfloat16
+    method = specdec.Eagle(drafter, max_draft_tokens=3)
+    ids = torch.tensor([PROMPTS[2]])
+    want = specdec.generate(half, ids, max_new_tokens=12, eos_token_id=[])
+    assert torch.equal(specdec.generate(half, ids, max_new_tokens=12, eos_token_id=[], method=method).sequences,
+                       want.sequences)

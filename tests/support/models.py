@@ -52,7 +52,8 @@ def cyclic_lm(family: str = "llama", seed: int = 5) -> torch.nn.Module:
 def random_drafter(target: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
                    scale: float = 0.2):
     """An untrained EAGLE drafter for ``target`` (its last layer, ``fc`` adding the token's
-    embedding to the feature), with seeded noise on its weights: partly right proposals."""
+    embedding to the feature), with seeded noise on its weights (the output projections a
+    fresh drafter zeroes get some too): partly right proposals."""
     from specdec import EagleDrafter
 
     drafter = EagleDrafter.for_target(target, draft_vocab_size or target.config.vocab_size)
@@ -60,5 +61,6 @@ def random_drafter(target: torch.nn.Module, draft_vocab_size: int | None = None,
     with torch.no_grad():
         for p in drafter.parameters():
             if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
+                spread = float(p.std()) or 0.05
+                p.add_(torch.randn(p.shape, generator=gen) * scale * spread)
     return drafter

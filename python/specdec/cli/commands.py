@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from specdec.cli import common
-from specdec.cli.common import CACHED, DTYPES, add_model_args, at_least, encode, medusa_heads, pad_token_id, prompt_text
+from specdec.cli.common import (CACHED, DTYPES, add_model_args, at_least, eagle_drafter, encode, medusa_heads,
+                                pad_token_id, prompt_text)
 
 _branches = at_least(1, "1: a chain", "branches")            # --draft-tree
 _copied_tokens = at_least(0, "0: off", "copied tokens")     # --draft-lookup
@@ -18,7 +19,7 @@ _copied_tokens = at_least(0, "0: off", "copied tokens")     # --draft-lookup
 
 def _method(args: argparse.Namespace, target, tokenizer, draft):
     """The proposer flags' method: one of them, or several as an Ensemble (cheapest first:
-    prompt lookup, lookahead, Medusa, draft model); None without any."""
+    prompt lookup, lookahead, Medusa, EAGLE, draft model); None without any."""
     import specdec
 
     cap = {} if args.max_draft_tokens is None else {"max_draft_tokens": args.max_draft_tokens}
@@ -32,6 +33,8 @@ def _method(args: argparse.Namespace, target, tokenizer, draft):
     if args.medusa:
         members.append(specdec.Medusa(medusa_heads(args, target, tokenizer), tree=args.medusa_tree,
                                       **cap))
+    if args.eagle:
+        members.append(specdec.Eagle(eagle_drafter(args, target, tokenizer), **cap))
     if draft is not None:
         tree = {"tree": "dynamic", "top_k": args.draft_tree} if args.draft_tree > 1 else {}
         members.append(specdec.DraftModel(draft, draft_vocab_size=args.draft_vocab_size, **tree,
@@ -103,6 +106,7 @@ def _describe(args: argparse.Namespace) -> str:
         ("prompt lookup", args.prompt_lookup),
         (f"lookahead W={args.window} N={args.ngram} G={args.guess_set}", args.lookahead),
         (f"Medusa heads {args.medusa}", args.medusa),
+        (f"EAGLE drafter {args.eagle}", args.eagle),
         (f"draft model {args.draft}" + (f", tree of {args.draft_tree} branches" if args.draft_tree > 1 else "")
          + (f", taking up to {args.draft_lookup} copied tokens per pass" if args.draft_lookup else ""),
          args.draft)) if given]
@@ -172,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="Medusa heads (specdec train-medusa, or a FasterDecoding/Medusa "
                                "checkpoint); without DIR, the heads cached for --model, trained on "
                                "first use")
+    proposer.add_argument("--eagle", metavar="DIR", nargs="?", const=CACHED,
+                          help="an EAGLE drafter (specdec train-eagle); without DIR, the drafter cached "
+                               "for --model, trained on first use")
     from specdec.proposers.lookahead import Lookahead  # its defaults are the options'
 
     lookahead = Lookahead()
@@ -218,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft", help="draft model for DraftModel and HF assisted generation")
     b.add_argument("--medusa", metavar="DIR", nargs="?", const=CACHED,
                    help="also run Medusa with these heads (without DIR: cached for --model, trained on first use)")
+    b.add_argument("--eagle", metavar="DIR", nargs="?", const=CACHED,
+                   help="also run EAGLE with this drafter (without DIR: cached for --model, trained on first use)")
     b.add_argument("--typical-sweep", type=lambda v: [float(x) for x in v.split(",")], default=[],
                    metavar="EPS[,EPS...]", help="with --medusa: also Medusa with LOSSY typical "
                    "acceptance at these posterior thresholds, and exact sampling, at --typical-temperature")

@@ -159,7 +159,7 @@ def train_eagle(
     ids = torch.tensor([i for chunk in chunks for i in chunk.ids])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # any weight for_target does not copy starts the same every run
-        drafter = _start(EagleDrafter.for_target(model, cfg.draft_vocab_size))
+        drafter = EagleDrafter.for_target(model, cfg.draft_vocab_size)
     V = drafter.config.draft_vocab_size
     head = _head(model, V, drafter.dtype)
 
@@ -333,28 +333,6 @@ def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor,
     return fit(drafter, chunks, batch_loss, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                seed=cfg.seed, checkpoint=Checkpoint(checkpoint, state, restore), resume=resume, say=say,
                desc="drafter", grad_clip=cfg.grad_clip, after_epoch=after_epoch)
-
-
-# The layer's projections back into the residual stream (Llama, Qwen2, Mistral and kin).
-OUTPUT_PROJECTIONS = ("self_attn.o_proj", "mlp.down_proj")
-
-
-def _start(drafter: EagleDrafter) -> EagleDrafter:
-    """The drafter training starts from: the layer's output projections zeroed, so that its
-    first prediction is ``fc``'s ``f_t + embed(x_{t+1})``, at the features' scale, and
-    attention and MLP learn corrections to it. As copied, the target's last layer writes updates
-    at the scale of the target's residual stream, which its final norm brings back to the
-    features': without that norm its predictions start far off (SmolLM2-135M: 38 per dimension
-    where the features are about 1; 6 epochs of the default training left them at 9, held-out
-    top-1 at 0.01). The other weights (attention's queries, keys and values, the MLP's input
-    side) stay the target's."""
-    with torch.no_grad():
-        for name in OUTPUT_PROJECTIONS:
-            try:
-                drafter.layer.get_submodule(name).weight.zero_()
-            except AttributeError:  # another layout: leave it as copied
-                pass
-    return drafter
 
 
 def _batch(drafter: EagleDrafter, ids: Tensor, features: Features, chunks: Tensor,

@@ -63,10 +63,10 @@ def test_an_untested_vllm_gets_an_error_naming_it(vllm_config, monkeypatch):
 def test_options_come_from_vllms_fields_and_additional_config(vllm_config):
     opts = Lookahead(with_options(vllm_config, ngram=3, max_ngram=4)).options
     assert (opts.num_speculative_tokens, opts.max_model_len, opts.vocab_size) == (K, 256, 49152)
-    assert (opts.ngram, opts.max_ngram, opts.min_ngram) == (3, 4, 1)
+    assert (opts.ngram, opts.max_ngram, opts.min_ngram) == (3, 4, 2)
     assert PromptLookup(vllm_config).options.max_ngram == 3  # the defaults alone work
-    opts = PromptLookup(with_options(vllm_config, prompt_lookup_min=2, prompt_lookup_max=4)).options
-    assert (opts.min_ngram, opts.max_ngram) == (2, 4)  # vLLM's names for them
+    opts = PromptLookup(with_options(vllm_config, prompt_lookup_min=1, prompt_lookup_max=4)).options
+    assert (opts.min_ngram, opts.max_ngram) == (1, 4)  # vLLM's names for them
 
 
 @pytest.mark.parametrize("options, message", [
