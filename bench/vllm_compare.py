@@ -7,7 +7,7 @@ Configurations: ``vllm_plain``; ``vllm_ngram`` (vLLM's own prompt lookup, 8 toke
 2-4); ``specdec_prompt_lookup`` and ``specdec_lookahead`` (``specdec.vllm``'s proposers, 8
 tokens); ``specdec_medusa_in_vllm`` (with ``--medusa-heads``: heads from ``specdec
 train-medusa``, exported for vLLM); and with ``--standalone-python`` (the main environment's
-interpreter, transformers >= 5.24) ``standalone_one_token``, ``standalone_prompt_lookup`` and
+interpreter, one that imports specdec, with transformers >= 5.24) ``standalone_one_token``, ``standalone_prompt_lookup`` and
 ``standalone_medusa``: ``specdec.generate`` on the same token ids.
 
 Run it on an idle machine (figures under load are not figures), from the repository root:
@@ -180,9 +180,19 @@ def main() -> None:
     if args.standalone_python:
         standalone = list(STANDALONE_CONFIGS) + (["standalone_medusa"] if args.medusa_heads else [])
         configs += [(c, args.standalone_python) for c in standalone]
+    if args.configs:
+        unknown = set(args.configs) - {c for c, _ in configs}
+        if unknown:
+            raise SystemExit(f"vllm_compare: --configs: unknown or not enabled {sorted(unknown)}; "
+                             f"these run: {[c for c, _ in configs]}")
     measures: list[Measure] = []
     for config, python in configs:
         result = out / f"{config}.json"
+        if args.configs and config not in args.configs:
+            if result.is_file():  # an earlier run's, kept for the table
+                print(f"[vllm_compare] {config}: the result already in {result}", flush=True)
+                measures += [Measure(**m) for m in json.loads(result.read_text())]
+            continue
         command = [python, __file__, "--worker", config, "--result", str(result), "--model", args.model_dir,
                    "--max-tokens", str(args.max_tokens), "--exported-heads", str(out / "medusa-vllm")]
         command += ["--medusa-heads", args.medusa_heads] if args.medusa_heads else []
@@ -254,6 +264,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE of each engine")
     p.add_argument("--out", default="bench/results/vllm_compare")
     p.add_argument("--smoke", action="store_true", help="SmolLM2-135M, one prompt per set, 8 tokens, eager")
+    p.add_argument("--configs", nargs="+", metavar="NAME",
+                   help="run only these configurations; the table takes the others' results already under --out")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--exported-heads", help=argparse.SUPPRESS)

@@ -61,10 +61,59 @@ def test_auto_tree_without_accuracies_uses_the_prior_and_the_costs():
     from specdec.loop.cost_model import CostModel
     from specdec.loop.sampling import Sampling
 
+    from specdec.proposers.medusa.proposer import _AutoSize
+    from specdec.proposers.medusa.trees import ranked_paths
+
     target = tiny_lm("llama", seed=35)
     method = specdec.Medusa(random_heads(target), max_draft_tokens=12)
     ctx = lambda costs: Context(torch.zeros(1, 4, dtype=torch.long), torch.tensor([3]),
                                 torch.zeros(1, dtype=torch.bool), Sampling(), None, CostModel(costs))
-    assert len(method._auto_choices(ctx({1: 10.0, 64: 10.0}))) == 12
-    assert len(method._auto_choices(ctx({1: 10.0, 2: 20.0, 16: 160.0}))) <= 2
+    auto = _AutoSize(*ranked_paths(method._accuracy(), method.max_draft_tokens))
+    assert auto.size(ctx({1: 10.0, 64: 10.0}), 12) == 12
+    assert auto.size(ctx({1: 10.0, 2: 20.0, 16: 160.0}), 12) <= 2
     assert_greedy_identity(target, PROMPTS[:2], method)
+
+
+WEAK = [[0.3, 0.1, 0.05], [0.2, 0.05, 0.02], [0.1, 0.03, 0.01]]  # a held-out table: heads k = 1..3, ranks 0..2
+
+
+def _auto_run(monkeypatch, target_ms, claimed, max_draft_tokens=12, new=24):
+    """Medusa with its defaults (tree "auto", no pass_costs) on a synthetic clock: the tokens
+    each step proposed per row."""
+    from support.clock import SyntheticClock
+
+    target = tiny_lm("llama", seed=34)
+    heads = random_heads(target, seed=2)
+    heads.rank_accuracy = torch.tensor(claimed)
+    clock = SyntheticClock(target, target_ms=target_ms).install(monkeypatch)
+    prompt = torch.tensor([PROMPTS[2]])
+    out = specdec.generate(target, prompt, max_new_tokens=new,
+                           method=specdec.Medusa(heads, max_draft_tokens=max_draft_tokens))
+    clock.remove()
+    want = hf_greedy(target, PROMPTS[2], new)  # up to the model's EOS
+    assert out.sequences[0, prompt.shape[1]:prompt.shape[1] + len(want)].tolist() == want
+    return [int(p[0]) for p in out.stats.proposed]
+
+
+def test_auto_tree_falls_back_to_one_token_where_wider_passes_do_not_pay(monkeypatch):
+    # Every extra token costs two thirds of a one-token pass: no tree of these heads pays. The
+    # first step (nothing measured) tries 12 nodes; its cost, and a one-token pass's, measured,
+    # every later step verifies none.
+    proposed = _auto_run(monkeypatch, lambda tokens: 10.0 + 20.0 * tokens, WEAK)
+    assert proposed[0] == 12 and proposed[1:] and not any(proposed[1:])
+
+
+def test_auto_tree_grows_to_the_cap_where_passes_cost_the_same(monkeypatch):
+    # The first step tries 7 nodes; below that width a pass is priced by its tokens until
+    # measured, so the second step measures one token; from then on every step takes all 7.
+    proposed = _auto_run(monkeypatch, lambda tokens: 30.0, WEAK, max_draft_tokens=7)
+    assert proposed[:2] == [7, 0] and set(proposed[2:]) == {7}
+
+
+def test_auto_tree_shrinks_when_heads_are_accepted_less_than_their_table_says(monkeypatch):
+    # The table claims near-certain heads; these random ones are rarely right. Passes cost a
+    # little more per token: what pays for the claimed accuracy stops paying for the measured one.
+    # (Taken at their word, the whole 12 nodes would pay at these costs.)
+    high = [[0.95, 0.9, 0.85], [0.9, 0.85, 0.8], [0.85, 0.8, 0.75]]
+    proposed = _auto_run(monkeypatch, lambda tokens: 30.0 + 5.0 * tokens, high, new=40)
+    assert proposed[0] == 12 and max(proposed[3:]) < 6

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import torch
 
 # The modules whose ``time.perf_counter`` sizes passes or paces batches.
-TIMED_MODULES = ("specdec.loop.run", "specdec.proposers.draft.proposer", "specdec.proposers.ensemble")
+TIMED_MODULES = ("specdec.loop.run", "specdec.proposers.draft.proposer", "specdec.proposers.ensemble",
+                 "specdec.proposers.eagle.proposer")
 
 
 class SyntheticClock:
@@ -20,7 +21,8 @@ class SyntheticClock:
     def __init__(self, target: torch.nn.Module, drafts: Sequence[torch.nn.Module] = (),
                  target_ms: Callable[[int], float] = lambda tokens: 10.0 + tokens, draft_ms: float = 3.0) -> None:
         self.now = 0.0
-        self.hooks = [target.register_forward_pre_hook(
+        # On the decoder: a pass that hands over hidden states runs it without the LM's forward.
+        self.hooks = [target.get_decoder().register_forward_pre_hook(
             lambda _, args, kw: self.advance(target_ms(kw["input_ids"].numel())), with_kwargs=True)]
         self.hooks += [d.register_forward_pre_hook(lambda *_: self.advance(draft_ms)) for d in drafts]
 

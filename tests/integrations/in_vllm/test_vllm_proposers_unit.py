@@ -86,7 +86,7 @@ def test_prompt_lookup_is_one_op_call_for_the_batch(vllm_config, monkeypatch):
     calls = []
     op = prompt_lookup.ops.ngram_match
     monkeypatch.setattr(prompt_lookup.ops, "ngram_match", lambda *a, **kw: calls.append(1) or op(*a, **kw))
-    proposer = PromptLookup(vllm_config)
+    proposer = PromptLookup(with_options(vllm_config, min_ngram=1))  # row 1 matches one token
     batch = Batch([1, 2, 3, 4, 9, 1, 2], [7, 8, 7], [5, 6])
     drafts = batch.propose(proposer, [[2], [7], []])
     # row 0: [1, 2] first occurred at 0; row 1: [7] at 0; row 2 sampled nothing (a prefill chunk)
@@ -123,7 +123,8 @@ def test_lookahead_goes_on_from_the_pool_where_the_copy_stops(vllm_config):
 
 
 def test_a_request_whose_drafts_are_rejected_proposes_fewer(vllm_config):
-    proposer = PromptLookup(vllm_config)
+    # min_ngram 1: the made-up bonus token below leaves a suffix of one known token only.
+    proposer = PromptLookup(with_options(vllm_config, min_ngram=1))
     rejected, accepted = [1, 2, 3] * 10, [4, 5, 6] * 10
     batch = Batch(rejected, accepted)
     lengths = []

@@ -11,10 +11,12 @@ from torch import Tensor
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.renamed import take_aliases
 from specdec.proposers.medusa.heads import MedusaHeads
-from specdec.proposers.medusa.trees import auto_choices, dynamic_tree, StaticTree
+from specdec.loop.cost_model import RunningMean
+from specdec.proposers.medusa.trees import StaticTree, dynamic_tree, ranked_paths
 
-# Without measured pass costs, "auto" trees stay this small on CPU, where a pass grows with
-# its width (docs/verification.md); on a GPU a pass over dozens of tokens costs about one.
+# An "auto" tree's first step on CPU without measured pass costs: a pass there grows with its
+# width (docs/verification.md), and the steps after it are sized from what it measured. On a
+# GPU a pass over dozens of tokens costs about one.
 UNPROFILED_CPU_NODES = 16
 
 
@@ -24,10 +26,14 @@ class Medusa(Method):
     below the root (the token the target just chose). The heads read the target's final hidden
     state at the last accepted node, which the verify loop hands over from the same pass.
 
-    ``tree``: ``"auto"`` (default) picks the tree from the heads' held-out per-rank accuracies
-    (``prior_rank_accuracy`` for heads without them) and the target's pass costs
-    (``generate(..., pass_costs=specdec.profile_passes(model))``; without a profile, at most
-    ``UNPROFILED_CPU_NODES`` nodes on CPU); a list of Medusa choices
+    ``tree``: ``"auto"`` (default) sizes the tree every step: the paths of head ranks, best
+    first by the heads' held-out per-rank accuracies (``prior_rank_accuracy`` for heads without
+    them), as many as maximise the expected tokens per ms under the target's pass costs as the
+    loop measures them (from ``generate(..., pass_costs=...)`` when given; without it, the first
+    step on CPU verifies ``UNPROFILED_CPU_NODES`` nodes) and the acceptance measured so far
+    (the accuracies scaled by how much the heads actually got accepted). Where no tree pays,
+    a step verifies none: one-token decoding, never slower than it but for the heads' cost. A
+    list of Medusa choices
     (paths of head ranks, e.g. ``[(0,), (0, 0), (1,)]``) is used as given; ``"dynamic"``
     expands each step by cumulative head log-probability up to ``max_draft_tokens`` nodes.
     ``num_speculative_tokens`` (vLLM's name) is accepted for ``max_draft_tokens``, and
@@ -70,23 +76,21 @@ class Medusa(Method):
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult):
         self.heads.attach(target)
-        tree = self.tree
-        if tree == "auto":
-            tree = StaticTree.from_choices(self._auto_choices(ctx))
         rows, device = ctx.tokens.shape[0], ctx.tokens.device
-        proposer = _MedusaProposer(self, tree.to(device) if isinstance(tree, StaticTree) else None, rows)
+        if self.tree == "auto":
+            proposer = _MedusaProposer(self, None, rows, _AutoSize(*ranked_paths(self._accuracy(), self.max_draft_tokens)))
+        else:
+            tree = self.tree.to(device) if isinstance(self.tree, StaticTree) else None
+            proposer = _MedusaProposer(self, tree, rows)
         proposer.read(first.hidden[:, 0])
         return proposer
 
-    def _auto_choices(self, ctx: Context) -> list[tuple[int, ...]]:
+    def _accuracy(self) -> Tensor:
+        """``[K, top_k]`` the heads' held-out per-rank accuracies (a prior without them)."""
         accuracy = self.heads.rank_accuracy
         if accuracy is None:  # e.g. a FasterDecoding/Medusa checkpoint: no held-out table
             accuracy = prior_rank_accuracy(self.heads.config.num_heads, self.top_k)
-        nodes = self.max_draft_tokens
-        if not ctx.costs.target_ms and ctx.tokens.device.type == "cpu":
-            nodes = min(nodes, UNPROFILED_CPU_NODES)
-        accuracy = torch.as_tensor(accuracy, dtype=torch.float64)[:, : self.top_k]
-        return auto_choices(accuracy, ctx.costs.target, max_nodes=nodes)
+        return torch.as_tensor(accuracy, dtype=torch.float64)[:, : self.top_k]
 
 
 def prior_rank_accuracy(num_heads: int, ranks: int) -> Tensor:
@@ -98,10 +102,46 @@ def prior_rank_accuracy(num_heads: int, ranks: int) -> Tensor:
     return 0.5 * 0.6**k * 0.3**r
 
 
+class _AutoSize:
+    """An "auto" tree's size, chosen every step: the first n of the ranked paths, n maximising
+    ``(1 + scale * sum of their probabilities) / target(n + 1)``, where ``scale`` is the
+    measured accepted tokens over the expected ones (a running mean: held-out accuracies are
+    not this text's) and ``target`` the loop's cost model, measured as decoding goes. n = 0
+    (no candidates) when nothing pays."""
+
+    def __init__(self, paths: list[tuple[int, ...]], probs: list[float]) -> None:
+        self.paths = paths
+        self.expected = [0.0, *torch.tensor(probs, dtype=torch.float64).cumsum(0).tolist()]
+        self.scale = RunningMean()
+        self.trees: dict[int, StaticTree] = {}
+        self.max_rank = max(max(p) for p in paths)
+        self.n = 0  # the last step's size
+
+    def size(self, ctx: Context, limit: int) -> int:
+        limit = min(limit, len(self.paths))
+        if not ctx.costs.target_ms and ctx.tokens.device.type == "cpu":
+            return min(limit, UNPROFILED_CPU_NODES)  # nothing measured yet: this step measures
+        scale = 1.0 if self.scale.value is None else self.scale.value
+        return max(range(limit + 1), key=lambda n: (1 + scale * self.expected[n]) / ctx.costs.target(n + 1))
+
+    def tree(self, n: int, device: torch.device) -> StaticTree:
+        if n not in self.trees:
+            self.trees[n] = StaticTree.from_choices(self.paths[:n]).to(device)
+        return self.trees[n]
+
+    def observe(self, step: StepResult) -> None:
+        """What the rows that proposed got accepted of the last step's ``n`` paths."""
+        proposed = step.proposal.is_candidate().any(1)
+        if self.expected[self.n] <= 0 or not bool(proposed.any()):
+            return
+        accepted = float(step.accept_len[proposed].float().mean())
+        self.scale.observe(min(max(accepted / self.expected[self.n], 0.1), 3.0))
+
+
 class _MedusaProposer(Proposer):
-    def __init__(self, method: Medusa, tree: StaticTree | None, rows: int) -> None:
-        self.method, self.tree = method, tree
-        self.k = method.top_k if tree is None else tree.max_rank + 1
+    def __init__(self, method: Medusa, tree: StaticTree | None, rows: int, auto: _AutoSize | None = None) -> None:
+        self.method, self.tree, self.auto = method, tree, auto
+        self.k = auto.max_rank + 1 if auto else method.top_k if tree is None else tree.max_rank + 1
         # A static tree's parents are the same every step: made once per call.
         self.parents = None if tree is None else tree.parents_for(rows, tree.parents.device)
         self.hidden: Tensor | None = None    # [B, H] the hidden state they were read from
@@ -116,6 +156,12 @@ class _MedusaProposer(Proposer):
 
     def propose(self, ctx: Context) -> Proposal:
         root = ctx.roots()
+        if self.auto is not None:
+            n = self.auto.n = self.auto.size(ctx, ctx.node_budget(self.method.max_draft_tokens))
+            if n == 0:
+                return Proposal.root_only(root)
+            tree = self.auto.tree(n, root.device)
+            return Proposal(tree.tokens(root[:, 0], self.ids), tree.parents_for(root.shape[0], root.device))
         if self.tree is not None:
             proposal = Proposal(self.tree.tokens(root[:, 0], self.ids), self.parents)
             # Nodes are ordered by depth, so any first nodes form a tree.
@@ -126,6 +172,8 @@ class _MedusaProposer(Proposer):
         return Proposal(tokens, parents).narrowed(1 + budget)
 
     def update(self, ctx: Context, step: StepResult) -> None:
+        if self.auto is not None:
+            self.auto.observe(step)
         self.read(step.hidden_at_last())
 
     def keep_rows(self, rows: Tensor) -> None:

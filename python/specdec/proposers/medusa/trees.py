@@ -155,6 +155,28 @@ def auto_choices(
         >>> auto_choices(accuracy, cpu.target, max_nodes=20)
         [(0,), (0, 0)]
     """
+    order, probs = ranked_paths(rank_accuracy, max_nodes)
+    expected, best_rate, best_n = 1.0, -1.0, 0
+    for n, prob in enumerate(probs, 1):
+        expected += prob
+        cost = pass_cost(n + 1)
+        if not cost > 0:
+            raise ValueError(f"auto_choices: pass_cost({n + 1}) = {cost}, must be > 0")
+        if expected / cost > best_rate:
+            best_rate, best_n = expected / cost, n
+    return order[:best_n]
+
+
+def ranked_paths(rank_accuracy: Tensor | Sequence[Sequence[float]], max_nodes: int) -> tuple[list[Path], list[float]]:
+    """The ``max_nodes`` most probable paths of head ranks, best first (a path after its
+    parent: any first n form a tree), and each path's probability (the product of its ranks'
+    accuracies, heads taken as independent).
+
+    Example:
+        >>> paths, probs = ranked_paths([[0.7, 0.2], [0.5, 0.1]], 3)
+        >>> paths, [round(p, 2) for p in probs]
+        ([(0,), (0, 0), (1,)], [0.7, 0.35, 0.2])
+    """
     acc = torch.as_tensor(rank_accuracy, dtype=torch.float64)
     if acc.dim() != 2 or acc.numel() == 0:
         raise ValueError(f"auto_choices: rank_accuracy must be [K, R] with K, R >= 1, "
@@ -165,26 +187,20 @@ def auto_choices(
         raise ValueError(f"auto_choices: max_nodes must be >= 1, got {max_nodes}")
     table = acc.tolist()
     depths, ranks = len(table), len(table[0])
-
     # Best-first over a heap of (-probability, path): the path tuple breaks ties, so the order
     # (and the returned tree) is deterministic.
     heap = [(-table[0][r], (r,)) for r in range(ranks)]
     heapq.heapify(heap)
     order: list[Path] = []
-    expected, best_rate, best_n = 1.0, -1.0, 0
+    probs: list[float] = []
     while heap and len(order) < max_nodes:
         neg_prob, path = heapq.heappop(heap)
         order.append(path)
-        expected -= neg_prob
-        cost = pass_cost(len(order) + 1)
-        if not cost > 0:
-            raise ValueError(f"auto_choices: pass_cost({len(order) + 1}) = {cost}, must be > 0")
-        if expected / cost > best_rate:
-            best_rate, best_n = expected / cost, len(order)
+        probs.append(-neg_prob)
         if len(path) < depths:
             for r in range(ranks):
                 heapq.heappush(heap, (neg_prob * table[len(path)][r], path + (r,)))
-    return order[:best_n]
+    return order, probs
 
 
 def dynamic_tree(logprobs: Tensor, ids: Tensor, budget: int) -> tuple[Tensor, Tensor]:
