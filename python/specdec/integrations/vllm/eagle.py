@@ -44,10 +44,10 @@ from typing import Any
 
 from torch import Tensor
 
+from specdec.integrations.vllm.checkpoint import CONFIG_FILE, read_config, write_checkpoint
+
 __all__ = ["SUPPORTED_MODEL_TYPES", "eagle_engine_args", "export_eagle"]
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 FORMAT = "specdec-eagle-vllm"
 FORMAT_VERSION = 1
 ARCHITECTURE = "EagleLlamaForCausalLM"
@@ -88,14 +88,7 @@ def export_eagle(drafter: Any, out_dir: str | os.PathLike[str]) -> Path:
         if tuple(state[name].shape) != shape:
             raise ValueError(f"specdec.vllm.export_eagle: {name} has shape {tuple(state[name].shape)}, "
                              f"the drafter's config gives {shape}")
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    _replace(out / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
-    _replace(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n"))
-    return out
+    return write_checkpoint(out_dir, state, config)
 
 
 def eagle_engine_args(drafter_dir: str | os.PathLike[str], target: str | os.PathLike[str],
@@ -109,11 +102,11 @@ def eagle_engine_args(drafter_dir: str | os.PathLike[str], target: str | os.Path
 
     Raises ValueError, naming both sizes, for a drafter trained for another model.
     """
-    drafter_cfg = _read_config(Path(drafter_dir), "exported EAGLE drafter")
+    drafter_cfg = read_config(Path(drafter_dir), "exported EAGLE drafter")
     if drafter_cfg.get("architectures") != [ARCHITECTURE]:
         raise ValueError(f"specdec.vllm: {drafter_dir} holds no EAGLE drafter for vLLM (architectures "
                          f"{drafter_cfg.get('architectures')!r}); write it with export_eagle")
-    target_cfg = _read_config(Path(target), "target model")
+    target_cfg = read_config(Path(target), "target model")
     target_cfg = target_cfg.get("text_config", target_cfg)
     made_for = drafter_cfg.get("specdec", {}).get("target") or "another model"
     for key in ("hidden_size", "vocab_size"):
@@ -238,17 +231,4 @@ def _expected_shapes(H: int, layer: dict[str, Any], config: dict[str, Any]) -> d
         shapes.update({p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
                        p + "mlp.down_proj.bias": (H,)})
     return shapes
-
-
-def _read_config(path: Path, what: str) -> dict[str, Any]:
-    file = path / CONFIG_FILE
-    if not file.is_file():
-        raise FileNotFoundError(f"specdec.vllm: no {CONFIG_FILE} in {path} ({what})")
-    return json.loads(file.read_text())
-
-
-def _replace(path: Path, write: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 

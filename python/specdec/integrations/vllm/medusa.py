@@ -27,7 +27,6 @@ Example (fresh heads on a tiny model; vLLM is not needed to export)::
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdec.integrations.vllm.checkpoint import read_config, write_checkpoint
+
 __all__ = ["export_medusa", "lm_head_weight", "medusa_engine_args"]
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 FORMAT = "specdec-medusa-vllm"
 FORMAT_VERSION = 1
 
@@ -79,14 +78,7 @@ def export_medusa(heads: Any, out_dir: str | os.PathLike[str], lm_head: Tensor |
         "medusa_fc_bias": True,
         "specdec": {"format": FORMAT, "format_version": FORMAT_VERSION, "target": cfg.target},
     }
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    _replace(out / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
-    _replace(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n"))
-    return out
+    return write_checkpoint(out_dir, state, config)
 
 
 def lm_head_weight(model_dir: str | os.PathLike[str]) -> Tensor:
@@ -121,11 +113,11 @@ def medusa_engine_args(heads_dir: str | os.PathLike[str], target: str | os.PathL
 
     Raises ValueError, naming both sizes, for heads trained for another model.
     """
-    heads_cfg = _read_config(Path(heads_dir), "exported Medusa heads")
+    heads_cfg = read_config(Path(heads_dir), "exported Medusa heads")
     if heads_cfg.get("model_type") != "medusa":
         raise ValueError(f"specdec.vllm: {heads_dir} holds no Medusa heads for vLLM (model_type "
                          f"{heads_cfg.get('model_type')!r}); write them with export_medusa")
-    target_cfg = _read_config(Path(target), "target model")
+    target_cfg = read_config(Path(target), "target model")
     target_cfg = target_cfg.get("text_config", target_cfg)
     made_for = heads_cfg.get("specdec", {}).get("target") or "another model"
     for key in ("hidden_size", "vocab_size"):
@@ -159,16 +151,3 @@ def _shared_rows(heads: Any, lm_head: Tensor | None) -> Tensor:
                          f"{cfg.target or 'a model'} (LM head {cfg.target_vocab_size} x {cfg.hidden_size}); "
                          f"this LM head is {tuple(lm_head.shape)}: heads trained for another model")
     return lm_head.index_select(0, heads.vocab_ids.to(lm_head.device)).to(heads.dtype)
-
-
-def _read_config(path: Path, what: str) -> dict[str, Any]:
-    file = path / CONFIG_FILE
-    if not file.is_file():
-        raise FileNotFoundError(f"specdec.vllm: no {CONFIG_FILE} in {path} ({what})")
-    return json.loads(file.read_text())
-
-
-def _replace(path: Path, write: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
