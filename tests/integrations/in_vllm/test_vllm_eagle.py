@@ -178,7 +178,7 @@ def test_vllm_speculates_with_our_drafter_and_drafts_what_it_drafts(eagle, smoll
 def qwen2(model_dir, tmp_path_factory):
     """A random one-layer Qwen2 (head size 64, which vLLM's CPU attention takes) over SmolLM2's
     tokenizer, saved for vLLM, with N(0, 0.5) q/k/v biases and embedding rows of RMS 1; and a
-    drafter that is nearly the target: its layer the target's (for_target copies it),
+    drafter that is nearly the target: its layer the target's (copied whole),
     ``fc = [I, 0.03 I]`` (the token's embedding, a little of the feature). The target's input norm
     is then the identity (unit rows, unit weights) and its final norm does not move the argmax, so
     with ``fc = [I, 0]`` the drafter at position t would compute the target's position t + 1 but for
@@ -199,7 +199,9 @@ def qwen2(model_dir, tmp_path_factory):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(f"{model_dir}/{name}", root / "target" / name)
     drafter = EagleDrafter.for_target(target).eval()
+    layer = {k: v for k, v in target.model.layers[0].state_dict().items() if not k.startswith("input_layernorm")}
     with torch.no_grad():
+        drafter.layer.load_state_dict(layer)  # the output projections too (a fresh drafter's are zero)
         drafter.fc.weight.copy_(torch.cat([torch.eye(128), 0.03 * torch.eye(128)], 1))
     return target, drafter, root / "target", export_eagle(drafter, root / "vllm")
 
