@@ -61,14 +61,14 @@ def test_auto_tree_without_accuracies_uses_the_prior_and_the_costs():
     from specdec.loop.cost_model import CostModel
     from specdec.loop.sampling import Sampling
 
-    from specdec.proposers.medusa.proposer import _AutoSize
+    from specdec.proposers.medusa.proposer import AutoSize
     from specdec.proposers.medusa.trees import ranked_paths
 
     target = tiny_lm("llama", seed=35)
     method = specdec.Medusa(random_heads(target), max_draft_tokens=12)
     ctx = lambda costs: Context(torch.zeros(1, 4, dtype=torch.long), torch.tensor([3]),
                                 torch.zeros(1, dtype=torch.bool), Sampling(), None, CostModel(costs))
-    auto = _AutoSize(*ranked_paths(method._accuracy(), method.max_draft_tokens))
+    auto = AutoSize(*ranked_paths(method.accuracy_table(), method.max_draft_tokens))
     assert auto.size(ctx({1: 10.0, 64: 10.0}), 12) == 12
     assert auto.size(ctx({1: 10.0, 2: 20.0, 16: 160.0}), 12) <= 2
     assert_greedy_identity(target, PROMPTS[:2], method)

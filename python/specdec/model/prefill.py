@@ -113,12 +113,14 @@ def prefill_pass(
     if not (all_hidden and shared):
         return out
     # Every prompt token's hidden state: the shared prefix's, then the row's rest after it.
-    hidden = out.hidden.new_zeros(B, N, out.hidden.shape[-1])
+    H = out.hidden.shape[-1]
+    hidden = out.hidden.new_zeros(B, N, H)
     for group, prefix in zip(shared, prefix_hidden):
         hidden[list(group.rows), : group.length] = prefix[0]
-    for b, (start, rest) in enumerate(zip(offsets.tolist(), lengths.tolist())):
-        hidden[b, start: start + rest] = out.hidden[b, :rest]
-    return PassOutput(out.logits, hidden)
+    rel = torch.arange(N, device=tokens.device) - offsets[:, None]  # position in the row's rest
+    rest = torch.gather(out.hidden, 1, rel.clamp(0, out.hidden.shape[1] - 1)[..., None].expand(B, N, H))
+    inside = (rel >= 0) & (rel < lengths[:, None])
+    return PassOutput(out.logits, torch.where(inside[..., None], rest, hidden))
 
 
 def _prefill_rests(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor,

@@ -100,9 +100,7 @@ class Eagle(Method):
         proposer = _EagleProposer(self, cache)
         # Entry t pairs f_t with x_{t+1}: the prompt's tokens after the first, then the first
         # token emitted, with the hidden states of every prompt token.
-        tokens = torch.gather(ctx.tokens, 1, torch.arange(1, prompt.shape[1] + 1, device=prompt.device)
-                              .expand(prompt.shape[0], -1))
-        proposer.feed(tokens, first.prompt_hidden, prompt_len)
+        proposer.feed(ctx.tokens[:, 1: prompt.shape[1] + 1], first.prompt_hidden, prompt_len)
         return proposer
 
 
@@ -114,11 +112,8 @@ class _EagleProposer(Proposer):
 
     def feed(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
         """Commits ``count[b]`` entries per row: tokens ``x_{t+1}`` with the target's hidden
-        states ``f_t`` (both right-padded ``[B, W]``, ``[B, W, H]``); keeps the drafter's
-        prediction after each row's last."""
-        count = count.clamp_min(0)
-        width = max(int(count.max()), 1)
-        tokens, features = tokens[:, :width], features[:, :width]
+        states ``f_t`` (both right-padded ``[B, W]``, ``[B, W, H]``, W the largest count, at
+        least 1); keeps the drafter's prediction after each row's last."""
         logits, hidden = prefill_pass(self.drafter.model, self.cache, tokens, count, self.drafter.logits,
                                       return_hidden=True, inputs_embeds=self.drafter.inputs(tokens, features))
         self.logp, self.feature = logits.float().log_softmax(-1), hidden
@@ -156,8 +151,8 @@ class _EagleProposer(Proposer):
         # The entries of the committed tokens, with the target's hidden states along the
         # accepted path (the drafted ones were fed the drafter's own predictions).
         start = self.cache.lengths
-        count = ctx.lengths - 1 - start
-        width = max(int(count.max()), 1)
+        count = (ctx.lengths - 1 - start).clamp_min(0)
+        width = max(int(count.max()), 1)  # the step's one host read here
         columns = torch.arange(width, device=start.device)
         tokens = torch.gather(ctx.tokens, 1, (start[:, None] + 1 + columns).clamp_max(ctx.tokens.shape[1] - 1))
         # A row commits at most its accepted nodes and one more: the root's and theirs

@@ -12,7 +12,7 @@ from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResul
 from specdec.renamed import take_aliases
 from specdec.proposers.medusa.heads import MedusaHeads
 from specdec.loop.cost_model import RunningMean
-from specdec.proposers.medusa.trees import StaticTree, dynamic_tree, ranked_paths
+from specdec.proposers.medusa.trees import StaticTree, best_prefix, cumulative, dynamic_tree, ranked_paths
 
 # An "auto" tree's first step on CPU without measured pass costs: a pass there grows with its
 # width (docs/verification.md), and the steps after it are sized from what it measured. On a
@@ -78,14 +78,14 @@ class Medusa(Method):
         self.heads.attach(target)
         rows, device = ctx.tokens.shape[0], ctx.tokens.device
         if self.tree == "auto":
-            proposer = _MedusaProposer(self, None, rows, _AutoSize(*ranked_paths(self._accuracy(), self.max_draft_tokens)))
+            proposer = _MedusaProposer(self, None, rows, AutoSize(*ranked_paths(self.accuracy_table(), self.max_draft_tokens)))
         else:
             tree = self.tree.to(device) if isinstance(self.tree, StaticTree) else None
             proposer = _MedusaProposer(self, tree, rows)
         proposer.read(first.hidden[:, 0])
         return proposer
 
-    def _accuracy(self) -> Tensor:
+    def accuracy_table(self) -> Tensor:
         """``[K, top_k]`` the heads' held-out per-rank accuracies (a prior without them)."""
         accuracy = self.heads.rank_accuracy
         if accuracy is None:  # e.g. a FasterDecoding/Medusa checkpoint: no held-out table
@@ -102,7 +102,7 @@ def prior_rank_accuracy(num_heads: int, ranks: int) -> Tensor:
     return 0.5 * 0.6**k * 0.3**r
 
 
-class _AutoSize:
+class AutoSize:
     """An "auto" tree's size, chosen every step: the first n of the ranked paths, n maximising
     ``(1 + scale * sum of their probabilities) / target(n + 1)``, where ``scale`` is the
     measured accepted tokens over the expected ones (a running mean: held-out accuracies are
@@ -111,7 +111,7 @@ class _AutoSize:
 
     def __init__(self, paths: list[tuple[int, ...]], probs: list[float]) -> None:
         self.paths = paths
-        self.expected = [0.0, *torch.tensor(probs, dtype=torch.float64).cumsum(0).tolist()]
+        self.expected = cumulative(probs)
         self.scale = RunningMean()
         self.trees: dict[int, StaticTree] = {}
         self.max_rank = max(max(p) for p in paths)
@@ -122,7 +122,7 @@ class _AutoSize:
         if not ctx.costs.target_ms and ctx.tokens.device.type == "cpu":
             return min(limit, UNPROFILED_CPU_NODES)  # nothing measured yet: this step measures
         scale = 1.0 if self.scale.value is None else self.scale.value
-        return max(range(limit + 1), key=lambda n: (1 + scale * self.expected[n]) / ctx.costs.target(n + 1))
+        return best_prefix(self.expected[: limit + 1], ctx.costs.target, scale=scale)
 
     def tree(self, n: int, device: torch.device) -> StaticTree:
         if n not in self.trees:
@@ -131,15 +131,16 @@ class _AutoSize:
 
     def observe(self, step: StepResult) -> None:
         """What the rows that proposed got accepted of the last step's ``n`` paths."""
-        proposed = step.proposal.is_candidate().any(1)
-        if self.expected[self.n] <= 0 or not bool(proposed.any()):
+        if self.expected[self.n] <= 0:
             return
-        accepted = float(step.accept_len[proposed].float().mean())
-        self.scale.observe(min(max(accepted / self.expected[self.n], 0.1), 3.0))
+        proposed = step.proposal.is_candidate().any(1)
+        rows, accepted = torch.stack([proposed.sum(), (step.accept_len * proposed).sum()]).tolist()  # one host read
+        if rows:
+            self.scale.observe(min(max(accepted / rows / self.expected[self.n], 0.1), 3.0))
 
 
 class _MedusaProposer(Proposer):
-    def __init__(self, method: Medusa, tree: StaticTree | None, rows: int, auto: _AutoSize | None = None) -> None:
+    def __init__(self, method: Medusa, tree: StaticTree | None, rows: int, auto: AutoSize | None = None) -> None:
         self.method, self.tree, self.auto = method, tree, auto
         self.k = auto.max_rank + 1 if auto else method.top_k if tree is None else tree.max_rank + 1
         # A static tree's parents are the same every step: made once per call.

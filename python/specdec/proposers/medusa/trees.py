@@ -156,15 +156,31 @@ def auto_choices(
         [(0,), (0, 0)]
     """
     order, probs = ranked_paths(rank_accuracy, max_nodes)
-    expected, best_rate, best_n = 1.0, -1.0, 0
-    for n, prob in enumerate(probs, 1):
-        expected += prob
+    return order[:best_prefix(cumulative(probs), pass_cost, smallest=1)]
+
+
+def cumulative(probs: Sequence[float]) -> list[float]:
+    """``[0, p1, p1 + p2, ..]``: the expected accepted tokens of the first n ranked paths."""
+    return [0.0, *torch.tensor(list(probs), dtype=torch.float64).cumsum(0).tolist()]
+
+
+def best_prefix(expected: Sequence[float], pass_cost: Callable[[int], float], smallest: int = 0,
+                scale: float = 1.0) -> int:
+    """The n in ``smallest .. len(expected) - 1`` with the most expected tokens per unit of
+    cost, ``(1 + scale * expected[n]) / pass_cost(n + 1)`` (the smallest among equals).
+
+    Example:
+        >>> best_prefix([0.0, 0.9, 1.2], lambda k: 10.0 + k), best_prefix([0.0, 0.1, 0.15], lambda k: 10.0 * k)
+        (2, 0)
+    """
+    best_rate, best_n = -1.0, smallest
+    for n in range(smallest, len(expected)):
         cost = pass_cost(n + 1)
         if not cost > 0:
             raise ValueError(f"auto_choices: pass_cost({n + 1}) = {cost}, must be > 0")
-        if expected / cost > best_rate:
-            best_rate, best_n = expected / cost, n
-    return order[:best_n]
+        if (1 + scale * expected[n]) / cost > best_rate:
+            best_rate, best_n = (1 + scale * expected[n]) / cost, n
+    return best_n
 
 
 def ranked_paths(rank_accuracy: Tensor | Sequence[Sequence[float]], max_nodes: int) -> tuple[list[Path], list[float]]:
