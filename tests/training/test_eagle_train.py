@@ -11,17 +11,19 @@ from support.training import CharTokenizer, repeating_text
 
 import specdec
 import specdec.training.eagle as eagle_train
+import specdec.training.eagle_rollout as eagle_rollout
 import specdec.training.loop as training_loop
 from specdec import cli
 from specdec.cli import common
 from specdec.proposers.eagle.drafter import EagleDrafter
-from specdec.training.eagle import EagleTrainConfig, evaluate, rollout
+from specdec.training.eagle import EagleTrainConfig
+from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.corpus import build_chunks
 from specdec.training.features import Features, extract_features
 
 
 def test_docstring_examples():
-    for module in (eagle_train, training_loop):
+    for module in (eagle_train, eagle_rollout, training_loop):
         result = doctest.testmod(module, extraglobs={"torch": torch})
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

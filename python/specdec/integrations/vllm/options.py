@@ -40,11 +40,9 @@ class LookupOptions:
     copied from its earliest occurrence, the original being edited).
 
     Inside vLLM a step that carries drafts costs more than one that does not, whatever their
-    length (on a 2-core CPU, fitted over bench/vllm_compare.py's batch-1 runs: 121 ms a step,
-    53 ms more when it carries drafts, 13 ms per draft token), so the defaults propose less
-    than specdec's own loop does: no copy after a single matching token (accepted about one
-    time in five on code generation), and a token only while its chance of acceptance is at
-    least ``min_gain = 0.2``.
+    length, so the defaults propose less than specdec's own loop does: no copy after a single
+    matching token, and a token only while its chance of acceptance is at least ``min_gain``
+    (the measurements behind them: docs/benchmarks.md, "Inside vLLM").
 
     ``num_speculative_tokens``: the most draft tokens per request and step (vLLM's field,
     which vLLM requires).

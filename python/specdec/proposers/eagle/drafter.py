@@ -137,8 +137,8 @@ class EagleDrafter(nn.Module):
         ``f_t + embed(x_{t+1})``, at the features' scale, and training teaches attention and MLP
         corrections to it: the target's layer as copied writes updates at the scale of the
         target's residual stream, which its final norm brings back to the features' and the
-        drafter has no such norm (SmolLM2-135M: predictions 38 per dimension where the features
-        are about 1, and held-out top-1 0.01 after training from there)."""
+        drafter has no such norm (docs/benchmarks.md, "EAGLE and Medusa", has what training
+        from the copy as it is gave)."""
         lm_head = model.get_output_embeddings()
         values = model.config.to_dict()
         config = EagleConfig(hidden_size=model.config.hidden_size, target_vocab_size=lm_head.out_features,
