@@ -255,48 +255,49 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.training.medusa import TrainConfig  # its defaults are the command's
 
     medusa = TrainConfig()
-    t = sub.add_parser("train-medusa", help="train Medusa heads for a target on its own greedy outputs")
-    add_model_args(t)
-    t.add_argument("--out", required=True, help="folder for the heads (config.json, heads.safetensors, "
-                   "metrics.json) and the per-epoch checkpoint")
+    t = _training_parser(sub, "train-medusa", "train Medusa heads for a target on its own greedy outputs",
+                         "the heads (config.json, heads.safetensors", medusa,
+                         "tokens of text run through the target (the cost: one forward over them)")
     t.add_argument("--heads", type=int, default=medusa.num_heads,
                    help="number of heads (head k guesses token t+k+1)")
     t.add_argument("--layers", type=int, default=medusa.num_layers, help="residual blocks per head")
-    t.add_argument("--tokens", type=int, default=medusa.num_tokens,
-                   help="tokens of text run through the target (the cost: one forward over them)")
     t.add_argument("--vocab-size", type=int, default=medusa.vocab_size,
                    help="the heads score at most this many ids, the commonest of the training labels")
-    t.add_argument("--epochs", type=int, default=medusa.epochs)
-    t.add_argument("--data", nargs="+", metavar="PATH", default=None,
-                   help="text or .jsonl ({\"text\": ...} per line) files (default: the Python sources of "
-                        "the installed packages, chat-wrapped for chat models)")
-    t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    t.set_defaults(func=cmd_train_medusa, draft=None, draft_dtype=None)
+    t.set_defaults(func=cmd_train_medusa)
 
     from specdec.training.eagle import EagleTrainConfig  # its defaults are the command's
 
     eagle = EagleTrainConfig()
-    e = sub.add_parser("train-eagle", help="train an EAGLE drafter for a target on its own features and greedy outputs")
-    add_model_args(e)
-    e.add_argument("--out", required=True, help="folder for the drafter (config.json, drafter.safetensors, "
-                   "metrics.json) and the per-epoch checkpoint")
-    e.add_argument("--tokens", type=int, default=eagle.num_tokens,
-                   help="tokens of text run through the target (a forward over them, cached with train-medusa's)")
+    e = _training_parser(sub, "train-eagle", "train an EAGLE drafter for a target on its own features and greedy "
+                         "outputs", "the drafter (config.json, drafter.safetensors", eagle,
+                         "tokens of text run through the target (a forward over them, cached with train-medusa's)")
     e.add_argument("--draft-vocab-size", type=int, default=eagle.draft_vocab_size,
                    help="the drafter scores token ids below N (the LM head's lowest rows)")
-    e.add_argument("--epochs", type=int, default=eagle.epochs)
-    e.add_argument("--data", nargs="+", metavar="PATH", default=None,
-                   help="text or .jsonl ({\"text\": ...} per line) files (default: the Python sources of "
-                        "the installed packages, chat-wrapped for chat models)")
-    e.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     # The target is left unprepared: the drafter starts from a copy of its last layer's weights,
     # which a prepared (packed) layer no longer holds as parameters.
-    e.set_defaults(func=cmd_train_eagle, draft=None, draft_dtype=None, no_accelerate=True)
+    e.set_defaults(func=cmd_train_eagle, no_accelerate=True)
 
     from specdec.cli.export_vllm import add_parser as add_export_vllm
 
     add_export_vllm(sub)
     return parser
+
+
+def _training_parser(sub: argparse._SubParsersAction, name: str, help: str, writes: str, cfg,
+                     tokens_help: str) -> argparse.ArgumentParser:
+    """A training command's parser with the arguments every training takes (``cfg``: its
+    config, whose defaults are the arguments')."""
+    p = sub.add_parser(name, help=help)
+    add_model_args(p)
+    p.add_argument("--out", required=True, help=f"folder for {writes}, metrics.json) and the per-epoch checkpoint")
+    p.add_argument("--tokens", type=int, default=cfg.num_tokens, help=tokens_help)
+    p.add_argument("--epochs", type=int, default=cfg.epochs)
+    p.add_argument("--data", nargs="+", metavar="PATH", default=None,
+                   help="text or .jsonl ({\"text\": ...} per line) files (default: the Python sources of "
+                        "the installed packages, chat-wrapped for chat models)")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.set_defaults(draft=None, draft_dtype=None)
+    return p
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ Entry t of the drafter reads ``(f_t, x_{t+1})`` (t = 0 .. n - 2) and learns
 Only positions whose label is learned count. A batch is a few whole chunks, right-padded: the
 drafter is causal, so padding never reaches a real position, and it is left out of the losses.
 Every ``heldout_every``-th chunk is held out: its accuracy is measured drafting from the
-drafter's own features (`specdec.training.eagle_rollout.rollout`), as decoding drafts. The training checkpoints every
-epoch in ``out_dir`` and ``resume=True`` continues it (:mod:`specdec.training.loop`).
+drafter's own features (:mod:`specdec.training.eagle_rollout`), as decoding drafts. The
+training checkpoints every epoch in ``out_dir`` and ``resume=True`` continues it
+(:mod:`specdec.training.loop`).
 """
 
 from __future__ import annotations

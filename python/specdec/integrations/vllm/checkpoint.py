@@ -11,7 +11,7 @@ from torch import Tensor
 
 from specdec.proposers.files import write_atomically
 
-__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "read_config", "write_checkpoint"]
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "check_made_for", "read_config", "write_checkpoint"]
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -36,3 +36,16 @@ def read_config(path: Path, what: str) -> dict[str, Any]:
     if not file.is_file():
         raise FileNotFoundError(f"specdec.vllm: no {CONFIG_FILE} in {path} ({what})")
     return json.loads(file.read_text())
+
+
+def check_made_for(exported: dict[str, Any], target: str | Path, what: str, noun: str) -> None:
+    """Raise ValueError unless the model in directory ``target`` has the hidden size and
+    vocabulary that the exported speculator's ``config.json`` (``exported``) says it was made
+    for; ``what`` names it (``"the Medusa heads in DIR were"``), ``noun`` its kind (``"heads"``)."""
+    target_cfg = read_config(Path(target), "target model")
+    target_cfg = target_cfg.get("text_config", target_cfg)
+    made_for = exported.get("specdec", {}).get("target") or "another model"
+    for key in ("hidden_size", "vocab_size"):
+        if exported.get(key) != target_cfg.get(key):
+            raise ValueError(f"specdec.vllm: {what} made for {made_for} ({key} {exported.get(key)}); the target "
+                             f"{target} has {key} {target_cfg.get(key)}: {noun} trained for another model")

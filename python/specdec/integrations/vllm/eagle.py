@@ -44,7 +44,7 @@ from typing import Any
 
 from torch import Tensor
 
-from specdec.integrations.vllm.checkpoint import CONFIG_FILE, read_config, write_checkpoint
+from specdec.integrations.vllm.checkpoint import CONFIG_FILE, check_made_for, read_config, write_checkpoint
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "eagle_engine_args", "export_eagle"]
 
@@ -106,14 +106,7 @@ def eagle_engine_args(drafter_dir: str | os.PathLike[str], target: str | os.Path
     if drafter_cfg.get("architectures") != [ARCHITECTURE]:
         raise ValueError(f"specdec.vllm: {drafter_dir} holds no EAGLE drafter for vLLM (architectures "
                          f"{drafter_cfg.get('architectures')!r}); write it with export_eagle")
-    target_cfg = read_config(Path(target), "target model")
-    target_cfg = target_cfg.get("text_config", target_cfg)
-    made_for = drafter_cfg.get("specdec", {}).get("target") or "another model"
-    for key in ("hidden_size", "vocab_size"):
-        if drafter_cfg.get(key) != target_cfg.get(key):
-            raise ValueError(f"specdec.vllm: the EAGLE drafter in {drafter_dir} was made for {made_for} "
-                             f"({key} {drafter_cfg.get(key)}); the target {target} has {key} "
-                             f"{target_cfg.get(key)}: a drafter trained for another model")
+    check_made_for(drafter_cfg, target, f"the EAGLE drafter in {drafter_dir} was", "a drafter")
     if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
         raise ValueError(f"specdec.vllm: num_speculative_tokens must be an int >= 1, got {num_speculative_tokens!r}")
     return {"speculative_config": {"method": "eagle", "model": str(drafter_dir),

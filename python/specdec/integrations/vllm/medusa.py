@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdec.integrations.vllm.checkpoint import read_config, write_checkpoint
+from specdec.integrations.vllm.checkpoint import check_made_for, read_config, write_checkpoint
 
 __all__ = ["export_medusa", "lm_head_weight", "medusa_engine_args"]
 
@@ -117,14 +117,7 @@ def medusa_engine_args(heads_dir: str | os.PathLike[str], target: str | os.PathL
     if heads_cfg.get("model_type") != "medusa":
         raise ValueError(f"specdec.vllm: {heads_dir} holds no Medusa heads for vLLM (model_type "
                          f"{heads_cfg.get('model_type')!r}); write them with export_medusa")
-    target_cfg = read_config(Path(target), "target model")
-    target_cfg = target_cfg.get("text_config", target_cfg)
-    made_for = heads_cfg.get("specdec", {}).get("target") or "another model"
-    for key in ("hidden_size", "vocab_size"):
-        if heads_cfg.get(key) != target_cfg.get(key):
-            raise ValueError(f"specdec.vllm: the Medusa heads in {heads_dir} were made for {made_for} "
-                             f"({key} {heads_cfg.get(key)}); the target {target} has {key} "
-                             f"{target_cfg.get(key)}: heads trained for another model")
+    check_made_for(heads_cfg, target, f"the Medusa heads in {heads_dir} were", "heads")
     heads = int(heads_cfg["num_heads"])
     k = heads if num_speculative_tokens is None else num_speculative_tokens
     if not 1 <= k <= heads:
