@@ -37,14 +37,14 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
-from specdec.integrations.vllm.checkpoint import CONFIG_FILE, check_made_for, read_config, write_checkpoint
+from specdec.integrations.vllm.checkpoint import check_made_for, read_config, write_checkpoint
+from specdec.proposers.eagle.files import read_saved
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "eagle_engine_args", "export_eagle"]
 
@@ -54,11 +54,6 @@ ARCHITECTURE = "EagleLlamaForCausalLM"
 #: Target families whose decoder layer vLLM's EagleLlamaForCausalLM reproduces.
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
-# What EagleDrafter.save writes (specdec.proposers.eagle.drafter; read here without building
-# the drafter, so that exporting a saved drafter needs neither transformers nor the target).
-_DRAFTER_FORMAT = "specdec-eagle-drafter"
-_DRAFTER_FORMAT_VERSION = 1
-_DRAFTER_WEIGHTS = "drafter.safetensors"
 
 
 def export_eagle(drafter: Any, out_dir: str | os.PathLike[str]) -> Path:
@@ -117,23 +112,7 @@ def _read_drafter(drafter: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The drafter's config (EagleDrafter.save's fields) and weights, from the module or its
     directory."""
     if isinstance(drafter, (str, os.PathLike)):
-        path = Path(drafter)
-        config_path, weights = path / CONFIG_FILE, path / _DRAFTER_WEIGHTS
-        if not config_path.is_file():
-            raise FileNotFoundError(f"specdec.vllm.export_eagle: no {CONFIG_FILE} in {path} (an EAGLE "
-                                    f"drafter's directory, from specdec train-eagle)")
-        meta = json.loads(config_path.read_text())
-        if meta.get("format") != _DRAFTER_FORMAT:
-            raise ValueError(f"specdec.vllm.export_eagle: {config_path} is not a specdec EAGLE drafter "
-                             f"(format {meta.get('format')!r}, expected {_DRAFTER_FORMAT!r})")
-        if meta.get("format_version") != _DRAFTER_FORMAT_VERSION:
-            raise ValueError(f"specdec.vllm.export_eagle: {path} has format version "
-                             f"{meta.get('format_version')}; this specdec reads version {_DRAFTER_FORMAT_VERSION}")
-        if not weights.is_file():
-            raise FileNotFoundError(f"specdec.vllm.export_eagle: no {_DRAFTER_WEIGHTS} in {path}")
-        from safetensors.torch import load_file
-
-        return meta, load_file(str(weights))
+        return read_saved(drafter, "specdec.vllm.export_eagle")
     config = getattr(drafter, "config", None)
     if config is None or not hasattr(drafter, "weights") or not hasattr(config, "layer_config"):
         raise TypeError(f"specdec.vllm.export_eagle: expected an EagleDrafter or its directory, got "

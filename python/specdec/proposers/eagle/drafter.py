@@ -39,14 +39,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from specdec.model.prepare import PackedLinear, dense_weight
 from specdec.proposers.draft.vocab import lowest_ids_head
+from specdec.proposers.eagle.files import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, read_saved
 from specdec.proposers.files import write_atomically
 
 __all__ = ["FORMAT", "EagleConfig", "EagleDrafter"]
 
-FORMAT = "specdec-eagle-drafter"
-FORMAT_VERSION = 1
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "drafter.safetensors"
 # The layer's projections back into the residual stream (Llama, Qwen2, Mistral and kin), zeroed
 # in a fresh drafter.
 OUTPUT_PROJECTIONS = ("self_attn.o_proj", "mlp.down_proj")
@@ -247,31 +244,14 @@ class EagleDrafter(nn.Module):
     def load(cls, directory: str | os.PathLike[str], dtype: torch.dtype | None = None) -> EagleDrafter:
         """A drafter saved by :meth:`save`, in its stored dtype unless ``dtype`` is given; attach
         it to its target (:meth:`attach`; `specdec.Eagle` does) before use."""
-        from safetensors.torch import load_file
-
-        path = Path(directory)
-        if not path.is_dir():
-            raise FileNotFoundError(f"EagleDrafter.load: {path} is not a directory")
-        config_path, weights = path / CONFIG_FILE, path / WEIGHTS_FILE
-        if not config_path.is_file():
-            raise FileNotFoundError(f"EagleDrafter.load: no {CONFIG_FILE} in {path}")
-        meta = json.loads(config_path.read_text())
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"EagleDrafter.load: {config_path} is not a specdec EAGLE drafter (format "
-                             f"{meta.get('format')!r}, expected {FORMAT!r})")
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"EagleDrafter.load: {path} has format version {meta.get('format_version')}; "
-                             f"this specdec reads version {FORMAT_VERSION}")
-        if not weights.is_file():
-            raise FileNotFoundError(f"EagleDrafter.load: no {WEIGHTS_FILE} in {path}")
+        meta, state = read_saved(directory, "EagleDrafter.load")
         config = EagleConfig(**{k: meta[k] for k in ("hidden_size", "target_vocab_size", "draft_vocab_size",
                                                      "layer_config", "target")})
-        state = load_file(str(weights))
         drafter = cls(config, dtype=dtype or getattr(torch, meta.get("dtype", "float32")))
         missing = sorted(set(drafter.weights()) - set(state))
         unknown = sorted(set(state) - set(drafter.weights()))
         if missing or unknown:
-            raise ValueError(f"EagleDrafter.load: {weights} does not match its {CONFIG_FILE}: missing "
+            raise ValueError(f"EagleDrafter.load: {directory}'s {WEIGHTS_FILE} does not match its {CONFIG_FILE}: missing "
                              f"{missing[:4]}, unexpected {unknown[:4]}")
         with torch.no_grad():
             drafter.fc.weight.copy_(state["fc.weight"])
