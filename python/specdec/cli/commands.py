@@ -273,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "tokens of text run through the target (a forward over them, cached with train-medusa's)")
     e.add_argument("--draft-vocab-size", type=int, default=eagle.draft_vocab_size,
                    help="the drafter scores token ids below N (the LM head's lowest rows)")
-    # The target is left unprepared: the drafter starts from a copy of its last layer's weights,
-    # which a prepared (packed) layer no longer holds as parameters.
+    # The target is left unprepared, as train_eagle was first measured (EagleDrafter.for_target
+    # now unpacks a prepared layer too; preparing the target here is untried).
     e.set_defaults(func=cmd_train_eagle, no_accelerate=True)
 
     from specdec.cli.export_vllm import add_parser as add_export_vllm
