@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -17,7 +18,7 @@ namespace {
 constexpr unsigned kWarp = 32;
 constexpr size_t kStackBytes = 256 * 1024;
 
-enum class State { kRunnable, kAtBarrier, kAtShuffle, kExited, kFailed };
+enum class State { kRunnable, kAtBarrier, kAtWarpCollective, kExited, kFailed };
 
 struct Thread {
   Context context;
@@ -25,8 +26,16 @@ struct Thread {
   State state = State::kRunnable;
   const char* file = nullptr;  // where it waits
   int line = 0;
-  uint64_t bits = 0, result = 0;  // a shuffle's value and what it reads
-  unsigned lane_xor = 0;
+  // At a warp collective: which one, and this lane's argument to it.
+  const char* collective = nullptr;
+  WarpComplete complete = nullptr;
+  void* warp_arg = nullptr;
+};
+
+// Dynamic shared memory in 128-byte aligned pieces (a GPU's is at least that aligned; wmma's
+// loads and stores need 32 bytes).
+struct alignas(128) SharedPiece {
+  char bytes[128];
 };
 
 struct Block {
@@ -35,7 +44,7 @@ struct Block {
   std::vector<Thread> threads;
   Thread* current = nullptr;
   Context scheduler;
-  std::vector<char> smem;
+  std::vector<SharedPiece> smem;
   std::string error;
 };
 
@@ -58,7 +67,8 @@ std::string describe(const Thread& t) {
   switch (t.state) {
     case State::kExited: return "exited";
     case State::kAtBarrier: return "waits at __syncthreads " + where(t.file, t.line);
-    case State::kAtShuffle: return "waits at a shuffle " + where(t.file, t.line);
+    case State::kAtWarpCollective:
+      return "waits at " + std::string(t.collective) + " " + where(t.file, t.line);
     default: return "runs";
   }
 }
@@ -106,9 +116,10 @@ void report(Block& b, const std::string& what) {
   b.error = s.str();
 }
 
-// Completes the shuffles of every warp whose lanes all wait at one; returns whether any did.
-// Reports a warp with only some lanes at a shuffle (the others exited or wait elsewhere).
-bool complete_shuffles(Block& b) {
+// Completes the collectives of every warp whose lanes all wait at one; returns whether any did.
+// Reports a warp with only some lanes at a collective (the others exited or wait elsewhere), and
+// what a collective's completion finds wrong with its lanes' arguments.
+bool complete_warp_collectives(Block& b) {
   bool any = false;
   const size_t n = b.threads.size();
   for (size_t w = 0; w * kWarp < n; ++w) {
@@ -117,20 +128,27 @@ bool complete_shuffles(Block& b) {
     bool waiting = false, all = end - begin == kWarp;
     for (size_t i = begin; i < end; ++i) {
       const Thread& t = b.threads[i];
-      waiting |= t.state == State::kAtShuffle;
-      all &= t.state == State::kAtShuffle && t.file == first.file && t.line == first.line;
+      waiting |= t.state == State::kAtWarpCollective;
+      all &= t.state == State::kAtWarpCollective && t.file == first.file &&
+             t.line == first.line && t.complete == first.complete;
     }
     if (!waiting) continue;
+    const Thread& waiter = *std::find_if(b.threads.begin() + begin, b.threads.begin() + end,
+        [](const Thread& t) { return t.state == State::kAtWarpCollective; });
     if (!all) {
-      report(b, "a warp shuffle needs all 32 lanes of the warp, but in warp " + std::to_string(w) +
-           " " + summary(b.threads, begin, end));
+      report(b, std::string(waiter.collective) + " needs all 32 lanes of the warp, but in warp " +
+                    std::to_string(w) + " " + summary(b.threads, begin, end));
       return false;
     }
-    for (size_t i = begin; i < end; ++i) {
-      Thread& t = b.threads[i];
-      t.result = b.threads[begin + ((i - begin) ^ t.lane_xor) % kWarp].bits;
-      t.state = State::kRunnable;
+    void* lanes[kWarp];
+    for (size_t i = 0; i < kWarp; ++i) lanes[i] = b.threads[begin + i].warp_arg;
+    const std::string error = first.complete(lanes);
+    if (!error.empty()) {
+      report(b, std::string(first.collective) + " at " + where(first.file, first.line) + " in warp " +
+                    std::to_string(w) + ": " + error);
+      return false;
     }
+    for (size_t i = begin; i < end; ++i) b.threads[i].state = State::kRunnable;
     any = true;
   }
   return any;
@@ -165,7 +183,7 @@ void run_block(Block& b, uint64_t seed) {
     t.idx = {i % b.dim.x, i / b.dim.x % b.dim.y, i / (b.dim.x * b.dim.y)};
     start_fiber(t.context, *stacks[i], &thread_main, &t);
   }
-  std::fill(b.smem.begin(), b.smem.end(), static_cast<char>(0xff));
+  std::memset(static_cast<void*>(b.smem.data()), 0xff, b.smem.size() * sizeof(SharedPiece));
   std::vector<unsigned> order(n);
   std::mt19937_64 rng(seed);
   const unsigned block_linear = b.idx.x + b.grid.x * (b.idx.y + b.grid.y * b.idx.z);
@@ -186,9 +204,9 @@ void run_block(Block& b, uint64_t seed) {
         b.current = nullptr;
         if (!b.error.empty()) return;
       }
-      const bool shuffled = complete_shuffles(b);
+      const bool completed = complete_warp_collectives(b);
       if (!b.error.empty()) return;
-      if (!shuffled) break;
+      if (!completed) break;
     } while (true);
     const bool more = release_barrier(b);
     if (!b.error.empty() || !more) return;
@@ -211,26 +229,37 @@ void sync_threads(const char* file, int line) {
   yield_to_scheduler();
 }
 
-uint64_t warp_exchange(unsigned mask, uint64_t bits, unsigned lane_xor, const char* file,
-                       int line) {
+void warp_collective(const char* what, const char* file, int line, void* arg,
+                     WarpComplete complete) {
   Block& b = block();
   Thread& t = *b.current;
-  if (mask != 0xffffffffu) {
-    std::ostringstream s;
-    s << "a warp shuffle at " << where(file, line) << " with mask 0x" << std::hex << mask
-      << " (only the full warp, 0xffffffff, is simulated)";
-    fail(s.str());
-  }
   if (b.threads.size() % kWarp != 0)
-    fail("a warp shuffle at " + where(file, line) + " in a block of " +
+    fail(std::string(what) + " at " + where(file, line) + " in a block of " +
          std::to_string(b.threads.size()) + " threads: its last warp is not full");
-  t.bits = bits;
-  t.lane_xor = lane_xor;
-  t.state = State::kAtShuffle;
+  t.collective = what;
+  t.complete = complete;
+  t.warp_arg = arg;
+  t.state = State::kAtWarpCollective;
   t.file = file;
   t.line = line;
   yield_to_scheduler();
-  return t.result;
+}
+
+void check_full_mask(unsigned mask, const char* what, const char* file, int line) {
+  if (mask == 0xffffffffu) return;
+  std::ostringstream s;
+  s << what << " at " << where(file, line) << " with mask 0x" << std::hex << mask
+    << " (only the full warp, 0xffffffff, is simulated)";
+  fail(s.str());
+}
+
+namespace {
+std::string no_exchange(void* const*) { return {}; }
+}  // namespace
+
+void sync_warp(const char* file, int line, unsigned mask) {
+  check_full_mask(mask, "__syncwarp", file, line);
+  warp_collective("__syncwarp", file, line, nullptr, &no_exchange);
 }
 
 void fail(const std::string& what) {
@@ -242,13 +271,18 @@ void fail(const std::string& what) {
   __builtin_unreachable();
 }
 
+void check_aligned(const void* p, size_t bytes, const std::string& what) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    fail(what + ": the address is not " + std::to_string(bytes) + "-byte aligned");
+}
+
 void run_grid(Dim3 grid, Dim3 block_dims, size_t dynamic_smem, const std::function<void()>& body) {
   TORCH_CHECK(running == nullptr, "CUDA simulation: a launch from inside a kernel");
   Block b;
   b.grid = grid;
   b.dim = block_dims;
   b.body = &body;
-  b.smem.resize(std::max<size_t>(dynamic_smem, 1));
+  b.smem.resize(std::max<size_t>((dynamic_smem + sizeof(SharedPiece) - 1) / sizeof(SharedPiece), 1));
   const uint64_t launch = launches.fetch_add(1);
   struct Running {
     explicit Running(Block* b) { running = b; }

@@ -7,8 +7,9 @@
 // that a read of another thread's write without a barrier in between sees a stale value in some
 // order. Everything a GPU leaves undefined and the simulation can see fails the launch with a
 // c10::Error naming the block, the threads and the source lines: a barrier that not every thread
-// of the block reaches (some exited or wait at another __syncthreads), a shuffle whose mask is not
-// the full warp or that not all 32 lanes of a warp reach.
+// of the block reaches (some exited or wait at another __syncthreads), a warp collective (shuffle,
+// __syncwarp, wmma operation) whose mask is not the full warp or that not all 32 lanes of a warp
+// reach, and what a collective finds wrong with its lanes' arguments.
 #pragma once
 
 #include <cstddef>
@@ -39,22 +40,43 @@ T* dynamic_shared() {
 
 // __syncthreads() at file:line.
 void sync_threads(const char* file, int line);
-// A butterfly shuffle at file:line: every lane of the warp gives `bits` and reads those of the
-// lane whose index is its own xor lane_xor.
-uint64_t warp_exchange(unsigned mask, uint64_t bits, unsigned lane_xor, const char* file, int line);
+// Completes a warp collective, given its 32 lanes' arguments in lane order; returns what is wrong
+// with them (empty when nothing is).
+using WarpComplete = std::string (*)(void* const* lanes);
+// A warp-collective operation `what` at file:line: the calling lane parks with `arg`; once all 32
+// lanes of its warp wait at the same site for the same operation, `complete` runs once on their
+// arguments, and they go on.
+void warp_collective(const char* what, const char* file, int line, void* arg,
+                     WarpComplete complete);
+// Fails unless mask is the full warp (the only one simulated).
+void check_full_mask(unsigned mask, const char* what, const char* file, int line);
+// __syncwarp(mask) at file:line.
+void sync_warp(const char* file, int line, unsigned mask = 0xffffffffu);
 // Stops the simulated block with an error (raised by the launch).
 [[noreturn]] void fail(const std::string& what);
+// Fails unless p is `bytes`-aligned; `what` names the access.
+void check_aligned(const void* p, size_t bytes, const std::string& what);
 
+// A butterfly shuffle at file:line: every lane gives `value` and reads that of the lane whose
+// index is its own xor lane_mask.
 template <class T>
 T shfl_xor(const char* file, int line, unsigned mask, T value, int lane_mask, int width = 32) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
+  static_assert(std::is_trivially_copyable_v<T>);
   if (width != 32)
     fail("__shfl_xor_sync with width " + std::to_string(width) + " (only 32 is simulated)");
-  uint64_t bits = 0;
-  std::memcpy(&bits, &value, sizeof(T));
-  bits = warp_exchange(mask, bits, static_cast<unsigned>(lane_mask), file, line);
-  std::memcpy(&value, &bits, sizeof(T));
-  return value;
+  check_full_mask(mask, "a warp shuffle", file, line);
+  struct Lane {
+    T value, result;
+    unsigned lane_xor;
+  } lane{value, value, static_cast<unsigned>(lane_mask)};
+  warp_collective("a warp shuffle", file, line, &lane, [](void* const* lanes) {
+    for (unsigned i = 0; i < 32; ++i) {
+      auto* me = static_cast<Lane*>(lanes[i]);
+      me->result = static_cast<Lane*>(lanes[(i ^ me->lane_xor) % 32])->value;
+    }
+    return std::string();
+  });
+  return lane.result;
 }
 
 // Runs body on every thread of every block of the grid; raises the first failure.

@@ -1,6 +1,6 @@
 // Compiles the CUDA sources (csrc/cuda) with the host compiler, for the CUDA simulation
-// (docs/cuda_simulation.md): the qualifiers, the thread coordinates, __syncthreads and the warp
-// shuffles, mapped onto the block scheduler. Included before anything else by each simulated
+// (docs/cuda_simulation.md): the qualifiers, the thread coordinates, __syncthreads, __syncwarp and
+// the warp shuffles, mapped onto the block scheduler (wmma: cuda_sim/wmma.h). Included before anything else by each simulated
 // translation unit (the build generates one per .cu file).
 #pragma once
 
@@ -23,5 +23,6 @@
 
 #define __syncthreads() ::specdec::sim::sync_threads(__FILE__, __LINE__)
 #define __shfl_xor_sync(...) ::specdec::sim::shfl_xor(__FILE__, __LINE__, __VA_ARGS__)
+#define __syncwarp(...) ::specdec::sim::sync_warp(__FILE__, __LINE__ __VA_OPT__(, ) __VA_ARGS__)
 
 using cudaStream_t = struct specdec_sim_stream*;

@@ -1,23 +1,31 @@
-// Kernels that break the CUDA execution model's rules on purpose, each run by the op
-// specdec_cuda_sim::self_test(name) so that tests/ops/test_cuda_sim.py can check that the
-// simulation catches what it claims to (docs/cuda_simulation.md). Each returns what its threads
-// saw, as int64 [blocks, threads].
-#include "cuda_sim/compat.h"
-#include "cuda_sim/collectives.h"
+// Kernels that break the CUDA execution model's rules on purpose (barriers, shuffles, CUB's
+// collectives), each run by the op specdec_cuda_sim::self_test(name) so that
+// tests/ops/test_cuda_sim.py can check that the simulation catches what it claims to
+// (docs/cuda_simulation.md). Each returns what its threads saw, as int64 [blocks, threads].
+#include "cuda_sim/self_test.h"
 
-#include <ATen/core/Tensor.h>
 #include <ATen/ops/full.h>
 #include <torch/library.h>
 
 #include <cmath>
-#include <functional>
-#include <map>
-#include <string>
+
+#include "cuda_sim/collectives.h"
+#include "cuda_sim/compat.h"
 
 namespace specdec::sim {
+
+at::Tensor run_self_test(const std::map<std::string, SelfTestCase>& cases, const std::string& name) {
+  const auto it = cases.find(name);
+  TORCH_CHECK_VALUE(it != cases.end(), "self_test: no case named '", name, "'");
+  at::Tensor out = at::full({kSelfTestBlocks, kSelfTestThreads}, -2, at::kLong);
+  int64_t* data = out.mutable_data_ptr<int64_t>();
+  run_grid({kSelfTestBlocks}, {kSelfTestThreads}, 0, [&] { it->second(data); });
+  return out;
+}
+
 namespace {
 
-constexpr unsigned kBlocks = 3, kThreads = 64;
+constexpr unsigned kThreads = kSelfTestThreads;
 
 // Thread i writes its index, then reads its neighbour's, with or without a barrier between.
 void neighbour_read(int64_t* out, bool barrier) {
@@ -79,7 +87,7 @@ void scan(int64_t* out) {
 }
 
 at::Tensor self_test(const std::string& name) {
-  const std::map<std::string, std::function<void(int64_t*)>> cases{
+  static const std::map<std::string, SelfTestCase> cases{
       {"neighbour_read_with_barrier", [](int64_t* o) { neighbour_read(o, true); }},
       {"neighbour_read_without_barrier", [](int64_t* o) { neighbour_read(o, false); }},
       {"divergent_barrier", divergent_barrier},
@@ -90,12 +98,7 @@ at::Tensor self_test(const std::string& name) {
       {"reduce_poison", reduce_poison},
       {"scan", scan},
   };
-  const auto it = cases.find(name);
-  TORCH_CHECK_VALUE(it != cases.end(), "self_test: no case named '", name, "'");
-  at::Tensor out = at::full({kBlocks, kThreads}, -2, at::kLong);
-  int64_t* data = out.mutable_data_ptr<int64_t>();
-  run_grid({kBlocks}, {kThreads}, 0, [&] { it->second(data); });
-  return out;
+  return run_self_test(cases, name);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@ Runs only where the simulation's library is given (tools/cuda_sim.sh)."""
 import pytest
 import torch
 from support import cuda_sim
+from support.ops import random_parents
 
 from specdec import ops
 from specdec.ops import reference
@@ -34,7 +35,7 @@ def test_barriers_order_shared_memory():
                               r" at __syncthreads .*self_test.cpp:\d+; threads 16-63: exited"),
         ("barriers_at_two_sites", r"__syncthreads is not reached by every thread"),
         ("half_warp_shuffle", r"a warp shuffle needs all 32 lanes of the warp, but in warp 0 "
-                              r"threads 0-15: waits at a shuffle"),
+                              r"threads 0-15: waits at a warp shuffle .*self_test.cpp:\d+; threads 16-31: exited"),
         ("partial_mask_shuffle", r"mask 0xffff \(only the full warp"),
     ],
 )
@@ -43,6 +44,52 @@ def test_broken_kernels_fail_loudly(name, match):
         self_test(name)
     with pytest.raises(RuntimeError, match=match):
         self_test(name)
+
+
+def wmma_self_test(name: str) -> torch.Tensor:
+    return torch.ops.specdec_cuda_sim.wmma_self_test(name)
+
+
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("wmma_half_warp", r"wmma::fill_fragment needs all 32 lanes of the warp, but in warp 0 threads "
+                           r"0-15: waits at wmma::fill_fragment .*self_test_wmma.cpp:\d+; threads 16-31: exited"),
+        ("wmma_lanes_disagree", r"wmma::load_matrix_sync at .* in warp 0: lane 1 passes another pointer"),
+        ("wmma_misaligned", r"wmma::load_matrix_sync at .*: the address is not 32-byte aligned"),
+        ("wmma_bad_ldm", r"the leading dimension 6 is not a multiple of 4 elements"),
+        ("wmma_fill_differs", r"lane 1 fills another value than lane 0"),
+        ("syncwarp_half", r"__syncwarp needs all 32 lanes of the warp, but in warp 0 threads 0-15"),
+        ("misaligned_vector_load", r"a 16-byte vector load: the address is not 16-byte aligned"),
+    ],
+)
+def test_broken_warp_primitives_fail_loudly(name, match):
+    with pytest.raises(RuntimeError, match=r"CUDA simulation: block \(0, 0, 0\) of a \(3, 1, 1\) grid.*" + match):
+        wmma_self_test(name)
+
+
+def test_wmma_mapping_is_scrambled_and_elementwise_operations_work():
+    # Lane l's first accumulator element: a permutation nothing may rely on (not the row-major
+    # order of any GPU's layout: lane 0 would hold entry 0, lanes 0-3 row 0, ...).
+    first = wmma_self_test("wmma_positions")
+    assert torch.equal(first[:, :32], first[:, 32:]) and torch.equal(first[0], first[1])
+    lanes = first[0, :32]
+    assert len(set(lanes.tolist())) == 32
+    assert not torch.equal(lanes // 16, torch.arange(32) // 4)
+    assert not torch.equal(lanes.sort().values, lanes)
+    # Element-wise with a fragment of row indices (tree_attention's rescaling): row r times r + 1.
+    scaled = wmma_self_test("wmma_row_scale")
+    assert torch.equal(scaled, ((torch.arange(THREADS) % 16 + 1) * 16).expand(BLOCKS, -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b_col_major", [False, True])
+def test_wmma_mma_is_a_product(dtype, b_col_major):
+    gen = torch.Generator().manual_seed(5)
+    a, b = (torch.randn(16, 16, generator=gen).to(dtype) for _ in range(2))
+    c = torch.randn(16, 16, generator=gen)
+    got = torch.ops.specdec_cuda_sim.wmma_mma(a, b, c, b_col_major)
+    torch.testing.assert_close(got, a.double() @ b.double() + c.double(), atol=1e-5, rtol=1e-6, check_dtype=False)
 
 
 def test_warp_shuffles_and_block_collectives():
@@ -85,6 +132,40 @@ def test_attention_splits_follow_the_sm_count(device, sm_count, sms, S):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("T", [1, 16, 17, 64])
+@pytest.mark.parametrize("G, sms, chain", [(1, 132, False), (4, 1, True), (7, 132, True), (4, 132, False)])
+def test_attention_tiles_match_the_reference(device, sm_count, dtype, T, G, sms, chain):
+    # Query tiles of 1-4 warps (T x G rows: one partial warp up to several full blocks), key tiles
+    # over ragged prefixes that are no multiple of a key tile, with key splits (132 SMs: 3 splits)
+    # and without (1 SM), tensor cores (half, bfloat16) and plain fp32, chain and tree masks.
+    if device != "cuda_sim":
+        pytest.skip("the SM count is the simulated GPU's")
+    sm_count(sms)
+    gen = torch.Generator().manual_seed(100 * T + G)
+    B, Hkv, D, P = 2, 2, 64, 533
+    q = torch.randn(B, Hkv * G, T, D, generator=gen).to(dtype)
+    k, v = (torch.randn(B, Hkv, P + T, D, generator=gen).to(dtype) for _ in range(2))
+    prefix = torch.tensor([P, 250])
+    mask = None
+    if not chain:
+        mask = ops.build_tree(torch.tensor([random_parents(T, gen) for _ in range(B)]))[0]
+    got = ops.tree_attention(q, k, v, prefix, mask)
+    want = reference.tree_attention(q.float(), k.float(), v.float(), prefix, mask)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    else:
+        assert float((got.float() - want).norm() / want.norm()) < 1e-2
+
+
+def test_attention_head_size_limit(device):
+    if device != "cuda_sim":
+        pytest.skip("the limit is the CUDA kernel's")
+    q = torch.zeros(1, 1, 1, 257)
+    with pytest.raises(ValueError, match="head size 257 is too large for the CUDA kernel"):
+        ops.tree_attention(q, q, q, torch.zeros(1, dtype=torch.long))
+
+
 def test_attention_row_bits_depend_on_the_batch_shape_only(device, sm_count):
     # On CUDA a row's key splits, hence its rounding, follow B x Hkv, S and the SM count: with
     # those fixed, a row's output is the same bits whatever the other rows hold (with another
@@ -104,11 +185,11 @@ def test_attention_row_bits_depend_on_the_batch_shape_only(device, sm_count):
 
 
 def test_launch_beyond_the_grid_limits_raises(device, sm_count):
-    # 1048577 query rows per KV head need 65537 tiles of 16 rows: more than a grid's 65535.
+    # 4194305 query rows per KV head need 65537 tiles of 64 rows: more than a grid's 65535.
     if device != "cuda_sim":
         pytest.skip("the limit is the CUDA kernel's")
     sm_count(1)  # 2 key splits: small partial buffers
-    T = 65537 * 16 - 15
+    T = 65536 * 64 + 1
     q = torch.zeros(1, 1, T, 1)
     k = torch.zeros(1, 1, T, 1)
     with pytest.raises(ValueError, match=r"tree_attention: the inputs need a grid of \(1, 2, 65537\) blocks"):

@@ -68,6 +68,33 @@ def test_half_precision_relative_error(device, dtype, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("D", [8, 80, 200, 256])
+def test_head_sizes(device, dtype, D):
+    # On CUDA: heads padded to 16-column slices, in buckets of up to 64, 128 and 256 channels.
+    q, k, v, prefix_len, mask = make_inputs(2, 4, 2, 9, D, 70, dtype, device, seed=6)
+    out = ops.tree_attention(q, k, v, prefix_len, mask)
+    ref = sdpa_tree(q, k, v, prefix_len, mask)
+    if dtype == torch.float16:
+        assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+    else:
+        torch.testing.assert_close(out.float(), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_unaligned_cache_views(device, dtype):
+    # Rows of D + 1 elements, the first skipped: no 16-byte loads on CUDA.
+    q, k, v, prefix_len, mask = make_inputs(2, 4, 2, 6, 32, 64, dtype, device, seed=7)
+    big_k, big_v = (torch.zeros(2, 2, 64, 33, dtype=dtype, device=device) for _ in range(2))
+    big_k[..., 1:] = k
+    big_v[..., 1:] = v
+    out = ops.tree_attention(q, big_k[..., 1:], big_v[..., 1:], prefix_len, mask)
+    ref = sdpa_tree(q, k, v, prefix_len, mask)
+    assert float((out.float() - ref).norm() / ref.norm()) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_query_gets_the_same_bits_whatever_shares_its_pass(device, dtype):
     # Exactness in every dtype rests on this: node i of a chain of T nodes gets, bit for bit, what
