@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(kAttnMaxThreads)
   const int64_t slot = (b * p.H + kvh * G + row % G) * T + i;
   const int64_t part = split * p.B * p.H * T + slot;
   const float inv = core::softmax_inv_sum(st.l);
-  for (int f = 0; f < nf; ++f) {
+#pragma unroll
+  for (int f = 0; f < NF; ++f) {  // NF, not nf: the accumulator stays in registers
+    if (f >= nf) break;
     tile.store(f, scores);
     __syncwarp();
     for (int e = 0; e < 8; ++e) {

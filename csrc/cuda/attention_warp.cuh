@@ -41,6 +41,7 @@ struct SimtTile {
   }
 
   __device__ void rescale(const float* alpha, int nf) {
+#pragma unroll
     for (int f = 0; f < NF; ++f)
       if (f < nf)
         for (float& x : o[f]) x *= alpha[r];
@@ -49,6 +50,7 @@ struct SimtTile {
   __device__ void accumulate(const Elem* p, int64_t p_ld, const Elem* v, int64_t ld, int nf) {
     for (int c = 0; c < KEYS; ++c) {
       const float w = static_cast<float>(p[r * p_ld + c]);
+#pragma unroll
       for (int f = 0; f < NF; ++f)
         if (f < nf)
           for (int e = 0; e < 8; ++e) o[f][e] += w * static_cast<float>(v[c * ld + 16 * f + 8 * h + e]);

@@ -31,11 +31,11 @@ def test_barriers_order_shared_memory():
 @pytest.mark.parametrize(
     "name, match",
     [
-        ("divergent_barrier", r"__syncthreads is not reached by every thread.*threads 0-15: waits"
-                              r" at __syncthreads .*self_test.cpp:\d+; threads 16-63: exited"),
+        ("divergent_barrier", (r"__syncthreads is not reached by every thread.*threads 0-15: waits"
+                               r" at __syncthreads .*self_test.cpp:\d+; threads 16-63: exited")),
         ("barriers_at_two_sites", r"__syncthreads is not reached by every thread"),
-        ("half_warp_shuffle", r"a warp shuffle needs all 32 lanes of the warp, but in warp 0 "
-                              r"threads 0-15: waits at a warp shuffle .*self_test.cpp:\d+; threads 16-31: exited"),
+        ("half_warp_shuffle", (r"a warp shuffle needs all 32 lanes of the warp, but in warp 0 "
+                               r"threads 0-15: waits at a warp shuffle .*self_test.cpp:\d+; threads 16-31: exited")),
         ("partial_mask_shuffle", r"mask 0xffff \(only the full warp"),
     ],
 )
@@ -53,8 +53,8 @@ def wmma_self_test(name: str) -> torch.Tensor:
 @pytest.mark.parametrize(
     "name, match",
     [
-        ("wmma_half_warp", r"wmma::fill_fragment needs all 32 lanes of the warp, but in warp 0 threads "
-                           r"0-15: waits at wmma::fill_fragment .*self_test_wmma.cpp:\d+; threads 16-31: exited"),
+        ("wmma_half_warp", (r"wmma::fill_fragment needs all 32 lanes of the warp, but in warp 0 threads "
+                            r"0-15: waits at wmma::fill_fragment .*self_test_wmma.cpp:\d+; threads 16-31: exited")),
         ("wmma_lanes_disagree", r"wmma::load_matrix_sync at .* in warp 0: lane 1 passes another pointer"),
         ("wmma_misaligned", r"wmma::load_matrix_sync at .*: the address is not 32-byte aligned"),
         ("wmma_bad_ldm", r"the leading dimension 6 is not a multiple of 4 elements"),
