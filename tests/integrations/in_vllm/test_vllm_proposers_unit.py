@@ -1,6 +1,6 @@
 """specdec's vLLM proposers step by step, on batches made by hand (a real VllmConfig, no engine):
-options and their errors, the vLLM version check, one op call per step, requests followed
-across rows, and per-request draft lengths."""
+options and their errors, the vLLM version check, one op call per n-gram length and step,
+requests followed across rows. How drafts are sized: ../test_vllm_draft_sizing.py."""
 
 import copy
 
@@ -61,10 +61,10 @@ def test_an_untested_vllm_gets_an_error_naming_it(vllm_config, monkeypatch):
 
 
 def test_options_come_from_vllms_fields_and_additional_config(vllm_config):
-    opts = Lookahead(with_options(vllm_config, ngram=3, max_ngram=4)).options
+    opts = Lookahead(with_options(vllm_config, ngram=3, max_ngram=5)).options
     assert (opts.num_speculative_tokens, opts.max_model_len, opts.vocab_size) == (K, 256, 49152)
-    assert (opts.ngram, opts.max_ngram, opts.min_ngram) == (3, 4, 2)
-    assert PromptLookup(vllm_config).options.max_ngram == 3  # the defaults alone work
+    assert (opts.ngram, opts.max_ngram, opts.min_ngram) == (3, 5, 2)
+    assert PromptLookup(vllm_config).options.max_ngram == 4  # the defaults alone work
     opts = PromptLookup(with_options(vllm_config, prompt_lookup_min=1, prompt_lookup_max=4)).options
     assert (opts.min_ngram, opts.max_ngram) == (1, 4)  # vLLM's names for them
 
@@ -82,15 +82,15 @@ def test_a_bad_option_is_named(vllm_config, options, message):
         PromptLookup(with_options(vllm_config, **options))
 
 
-def test_prompt_lookup_is_one_op_call_for_the_batch(vllm_config, monkeypatch):
+def test_prompt_lookup_is_one_op_call_per_ngram_length_for_the_batch(vllm_config, monkeypatch):
     calls = []
     op = prompt_lookup.ops.ngram_match
-    monkeypatch.setattr(prompt_lookup.ops, "ngram_match", lambda *a, **kw: calls.append(1) or op(*a, **kw))
-    proposer = PromptLookup(with_options(vllm_config, min_ngram=1))  # row 1 matches one token
+    monkeypatch.setattr(prompt_lookup.ops, "ngram_match", lambda *a, **kw: calls.append(a[2]) or op(*a, **kw))
+    proposer = PromptLookup(with_options(vllm_config, min_ngram=1, adaptive=False))  # row 1 matches one token
     batch = Batch([1, 2, 3, 4, 9, 1, 2], [7, 8, 7], [5, 6])
     drafts = batch.propose(proposer, [[2], [7], []])
     # row 0: [1, 2] first occurred at 0; row 1: [7] at 0; row 2 sampled nothing (a prefill chunk)
-    assert drafts == [[3, 4, 9, 1, 2], [8, 7], []] and len(calls) == 1
+    assert drafts == [[3, 4, 9, 1, 2], [8, 7], []] and calls == [4, 3, 2, 1]
 
 
 def test_lookahead_pools_follow_their_requests_across_rows(vllm_config):
@@ -122,24 +122,7 @@ def test_lookahead_goes_on_from_the_pool_where_the_copy_stops(vllm_config):
     assert Batch([1, 3, 9]).propose(lookahead, [[9]]) == [[]]  # neither has anything
 
 
-def test_a_request_whose_drafts_are_rejected_proposes_fewer(vllm_config):
-    # min_ngram 1: the made-up bonus token below leaves a suffix of one known token only.
-    proposer = PromptLookup(with_options(vllm_config, min_ngram=1))
-    rejected, accepted = [1, 2, 3] * 10, [4, 5, 6] * 10
-    batch = Batch(rejected, accepted)
-    lengths = []
-    sampled = [[1], [4]]
-    for _ in range(4):
-        drafts = batch.propose(proposer, sampled)
-        lengths.append([len(d) for d in drafts])
-        # row 0: vLLM took none of the draft (one token); row 1: all of it and a bonus token
-        sampled = [drafts[0][:1], drafts[1] + [drafts[1][0]]]
-        rejected, accepted = rejected + sampled[0], accepted + sampled[1]
-        batch = Batch(rejected, accepted)
-    assert lengths[0] == [K, K] and lengths[-1] == [1, K]
-
-
-@pytest.mark.parametrize("module", ["lengths", "lookahead", "options", "rows", "version"])
+@pytest.mark.parametrize("module", ["lookahead", "options", "rows", "version"])
 def test_docstring_examples(module):
     import doctest
     import importlib

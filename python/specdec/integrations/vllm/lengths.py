@@ -1,64 +1,118 @@
-"""Per-request draft lengths that pay, from what vLLM accepted of the request's recent drafts.
+"""How many draft tokens each request proposes inside vLLM: those that raise the engine's
+expected tokens per ms.
 
-vLLM verifies every draft token it is given, and on a CPU each one costs part of a pass; a
-request whose drafts are mostly rejected should propose fewer. Acceptance of a chain is
-modelled as geometric: each draft token is accepted with chance ``a`` given that the ones
-before it were. From a step that proposed ``d`` tokens of which ``x`` were accepted, ``x``
-accepted tokens and (when ``x < d``) one rejection are observed; ``a`` is estimated as
-accepted / (accepted + rejections) over recent steps (counts decayed by ``decay`` per
-observation). Token ``i`` (1-based) of a draft is accepted with chance ``a ** i``: the draft
-is cut where that falls below ``min_gain``.
+A vLLM step emits one token per decoding row plus the draft tokens it accepts, and costs what
+:class:`~specdec.integrations.vllm.step_cost.StepCost` prices from the engine's own recent steps
+(more with any draft, more per draft token). With each draft token's chance of being accepted
+together with those before it (:class:`~specdec.integrations.vllm.acceptance.Acceptance`: by
+the length of the match that found the draft and the token's position), the proposer picks
+per row a length between 0 and its draft's that maximises, for the whole batch,
 
-Example:
-    >>> policy = DraftLength(max_tokens=8, min_gain=0.1)
-    >>> policy.limit                        # nothing observed yet: the whole draft
-    8
-    >>> policy.observe(proposed=8, accepted=1)
-    >>> policy.limit                        # a = 1/2: 0.5 ** 3 >= 0.1 > 0.5 ** 4
-    3
-    >>> for _ in range(6): policy.observe(proposed=3, accepted=3)
-    >>> policy.limit                        # drafts accepted whole again: back up
-    8
+    (rows + the chances of the proposed tokens) / cost.ms(proposed tokens)
+
+(:func:`best_lengths`). Where a step with drafts costs much more than one without (vLLM on a
+CPU), a short or doubtful draft loses and a long likely copy is kept.
+
+A policy that stops proposing stops measuring what it stopped proposing: every
+``explore_every``-th step on which the choice cut a draft, every draft goes whole (specdec's own
+loop explores the same way, ``EXPLORE_EVERY``), so that the acceptance and the prices keep
+following the text and the machine.
+
+Example (prices of vLLM on a CPU: 121 ms a step, 53 ms more with drafts, 13 ms per token):
+    >>> cost = StepCost()
+    >>> for tokens in (0, 4, 8) * 10:
+    ...     cost.observe(tokens, 121.0 + (53.0 + 13.0 * tokens if tokens else 0.0))
+    >>> likely = np.cumprod(np.full(8, 0.95))             # a copy after a long match
+    >>> doubtful = np.cumprod([0.45, 0.4, 0.4])           # a copy after a short one
+    >>> best_lengths([likely], rows=1, cost=cost), best_lengths([doubtful], rows=1, cost=cost)
+    (array([8]), array([0]))
+    >>> best_lengths([likely, doubtful], rows=2, cost=cost)   # the step carries drafts anyway
+    array([8, 1])
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
 
-__all__ = ["DraftLength"]
+import numpy as np
+
+from specdec.integrations.vllm.acceptance import Acceptance
+from specdec.integrations.vllm.step_cost import StepCost
+
+__all__ = ["DraftSizer", "best_lengths"]
+
+SHARED_DECAY = 0.98   # per draft verified, of the proposer's acceptance counts (every request's)
+REQUEST_DECAY = 0.9   # per draft verified, of a request's own
 
 
-@dataclass
-class DraftLength:
-    """The draft length of one request: at most ``max_tokens``, at least 1."""
+def best_lengths(gains: list[np.ndarray], rows: int, cost: StepCost) -> np.ndarray:
+    """Per row ``r``, how many of its draft tokens to propose: the step's expected tokens per
+    ms, ``(rows + sum of the proposed tokens' gains) / cost.ms(proposed tokens)``, at its
+    highest. ``gains[r][j]``: the chance that token j of row r's draft is accepted with every
+    token before it; it falls with j, so of the drafts with a given number of tokens in all,
+    the best takes the largest gains: the tokens are taken in that order, and the best number
+    of them (0: no drafts) is chosen."""
+    order = sorted((-g, r, j) for r, row in enumerate(gains) for j, g in enumerate(row))
+    emitted, best, best_rate = float(rows), 0, rows / cost.ms(0)
+    for n, (g, _, _) in enumerate(order, 1):
+        emitted -= g
+        rate = emitted / cost.ms(n)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    lengths = np.zeros(len(gains), dtype=np.int64)
+    for _, r, _ in order[:best]:
+        lengths[r] += 1
+    return lengths
 
-    max_tokens: int
-    min_gain: float = 0.1
-    decay: float = 0.8
-    accepted: float = 0.0
-    rejections: float = 0.0
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        """vLLM accepted ``accepted`` of the ``proposed`` draft tokens of the request's last step."""
-        if proposed <= 0:
-            return
-        self.accepted = self.decay * self.accepted + accepted
-        self.rejections = self.decay * self.rejections + (1.0 if accepted < proposed else 0.0)
+class DraftSizer:
+    """Times vLLM's steps and sizes the drafts of the next one.
 
-    @property
-    def acceptance(self) -> float:
-        """Estimated chance that a draft token is accepted, given its predecessors were (1.0
-        before anything was observed)."""
-        seen = self.accepted + self.rejections
-        return 1.0 if seen == 0 else self.accepted / seen
+    Args:
+        keys, positions: the draft keys (match lengths 0 .. keys - 1) and the most draft tokens.
+        adaptive: False: every draft is proposed whole.
+        explore_every: with ``adaptive``, every this many steps on which drafts were cut, none is.
+        clock: seconds (``time.perf_counter``; tests pass their own).
+    """
 
-    @property
-    def limit(self) -> int:
-        """Most draft tokens worth proposing now."""
-        a = self.acceptance
-        if a >= 1.0:
-            return self.max_tokens
-        if a <= 0.0:
-            return 1
-        return max(1, min(self.max_tokens, math.floor(math.log(self.min_gain) / math.log(a))))
+    def __init__(self, keys: int, positions: int, adaptive: bool = True, explore_every: int = 8,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.cost = StepCost()
+        self.shared = Acceptance(keys, positions, SHARED_DECAY)
+        self.adaptive, self.explore_every, self.clock = adaptive, explore_every, clock
+        self.cut_steps = 0
+        self._called_at: float | None = None
+        self._tokens = 0  # draft tokens of the step now running
+
+    def new_request(self) -> Acceptance:
+        """A request's own acceptance counts."""
+        return Acceptance(self.shared.keys, self.shared.positions, REQUEST_DECAY)
+
+    def step_ended(self, decoded_only: bool) -> None:
+        """Called as ``propose`` begins: the time since the last call was one engine step, which
+        carried the drafts that call returned; observed when the step only decoded (a prefill
+        in it would be priced as drafts)."""
+        now = self.clock()
+        if self._called_at is not None and decoded_only:
+            self.cost.observe(self._tokens, 1000.0 * (now - self._called_at))
+        self._called_at = now
+
+    def verified(self, request: Acceptance, key: int, proposed: int, accepted: int) -> None:
+        """vLLM accepted ``accepted`` of the ``proposed`` tokens of a request's draft found by ``key``."""
+        accepted = min(accepted, proposed)
+        request.observe(key, proposed, accepted)
+        self.shared.observe(key, proposed, accepted)
+
+    def lengths(self, rows: int, requests: list[Acceptance], keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Per batch row, how many of its ``counts[i]`` draft tokens (found by ``keys[i]``) to
+        propose, ``rows`` rows decoding; the total is the next step's, for its timing."""
+        chosen = counts
+        if self.adaptive:
+            gains = [request.gains(int(k), self.shared, int(c)) for request, k, c in zip(requests, keys, counts)]
+            best = best_lengths(gains, rows, self.cost)
+            if (best < counts).any():
+                self.cut_steps += 1
+                chosen = counts if self.cut_steps % self.explore_every == 0 else best
+        self._tokens = int(np.sum(chosen))
+        return chosen

@@ -26,22 +26,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import time
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from specdec.ops import NGramPool
 from specdec.integrations.vllm.options import LookaheadOptions
-from specdec.integrations.vllm.prompt_lookup import PromptLookup, Request, as_lists, draft_limits, lookup
+from specdec.integrations.vllm.acceptance import Acceptance
+from specdec.integrations.vllm.prompt_lookup import PromptLookup, Request
 from specdec.integrations.vllm.rows import RequestRows, Tracked
 
 __all__ = ["Lookahead", "PoolSlots"]
 
 
 class PoolRequest(Request):
-    """A request's length policy and its slot (row) in the shared pool."""
+    """A request's acceptance counts, last draft, and slot (row) in the shared pool."""
 
-    def __init__(self, options: LookaheadOptions, slot: int) -> None:
-        super().__init__(options)
+    def __init__(self, acceptance: Acceptance, slot: int) -> None:
+        super().__init__(acceptance)
         self.slot = slot
 
 
@@ -86,21 +90,20 @@ class Lookahead(PromptLookup):
 
     options_type = LookaheadOptions
 
-    def __init__(self, vllm_config: Any) -> None:
-        super().__init__(vllm_config)
+    def __init__(self, vllm_config: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(vllm_config, clock)
         opts: LookaheadOptions = self.options  # type: ignore[assignment]
         # Each position of a request adds at most one n-gram: its pool never evicts.
         self._slots = PoolSlots(opts.vocab_size, opts.ngram, opts.max_model_len)
-        self._requests = RequestRows(lambda: PoolRequest(opts, self._slots.take()),
+        self._requests = RequestRows(lambda: PoolRequest(self.sizer.new_request(), self._slots.take()),
                                      release=lambda r: self._slots.free(r.slot))
 
-    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
-                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
-        """Draft tokens for each row of vLLM's batch (an empty list: none)."""
-        entries = self._requests.step(token_ids_cpu, num_tokens_no_spec, len(sampled_token_ids))
+    def drafts(self, entries: list[Tracked[PoolRequest]], token_ids: np.ndarray, num_tokens: np.ndarray,
+               limits: np.ndarray) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Prompt lookup's drafts, each continued from its request's pool up to its limit (the
+        key stays the copy's match length; 0 where nothing was copied)."""
         self._insert(entries)
-        limits = draft_limits(entries, sampled_token_ids, num_tokens_no_spec, self.options)
-        draft, count = lookup(token_ids_cpu, num_tokens_no_spec, limits, self.options)
+        draft, count, key = super().drafts(entries, token_ids, num_tokens, limits)
         if ((rest := limits - count) > 0).any():
             # The pool goes on from the copy's last token, or the request's where nothing was copied.
             last = [int(draft[i, n - 1]) if n else (int(e.tokens[-1]) if len(e.tokens) else -1)
@@ -111,7 +114,7 @@ class Lookahead(PromptLookup):
             where = torch.from_numpy(count)[:, None] + cols
             draft[rows.expand_as(take)[take], where[take]] = chain[take].to(draft.dtype)
             count = count + found
-        return as_lists(draft, count, entries)
+        return draft, count, key
 
     def _insert(self, entries: list[Tracked[PoolRequest]]) -> None:
         """Every n-gram of each request's tokens that its pool has not had yet, in text order."""

@@ -4,7 +4,7 @@ vLLM gives a ``custom_class`` proposer its ``VllmConfig``. The draft length is v
 ``speculative_config.num_speculative_tokens``. vLLM 0.32 sets ``prompt_lookup_min/max`` to 0 for
 ``custom_class`` whatever the user gave, so those, and every other option, come from the
 engine's ``additional_config`` under the key ``"specdec"`` (``LLM(..., additional_config=
-{"specdec": {"max_ngram": 4}})``, ``vllm serve --additional-config '{"specdec": {...}}'``); vLLM's names
+{"specdec": {"max_ngram": 5}})``, ``vllm serve --additional-config '{"specdec": {...}}'``); vLLM's names
 ``prompt_lookup_min/max`` are accepted for ``min_ngram/max_ngram``. An option that is not a
 field of the proposer's options is an error that names it.
 
@@ -12,15 +12,15 @@ Example:
     >>> from types import SimpleNamespace as NS
     >>> cfg = NS(speculative_config=NS(num_speculative_tokens=6),
     ...          model_config=NS(max_model_len=2048, get_vocab_size=lambda: 100),
-    ...          additional_config={"specdec": {"max_ngram": 4}})
+    ...          additional_config={"specdec": {"max_ngram": 5}})
     >>> opts = options_from(cfg, LookupOptions, "PromptLookup")
     >>> opts.num_speculative_tokens, opts.max_ngram, opts.min_ngram
-    (6, 4, 2)
+    (6, 5, 2)
     >>> options_from(NS(**{**vars(cfg), "additional_config": {"specdec": {"ngram_max": 4}}}),
     ...              LookupOptions, "PromptLookup")
     Traceback (most recent call last):
     ...
-    ValueError: specdec.vllm.PromptLookup: unknown option 'ngram_max' in additional_config['specdec']; its options are adaptive, earliest, max_ngram, min_gain, min_ngram
+    ValueError: specdec.vllm.PromptLookup: unknown option 'ngram_max' in additional_config['specdec']; its options are adaptive, earliest, explore_every, max_ngram, min_ngram
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from specdec.loop.cost_model import EXPLORE_EVERY
+
 __all__ = ["LookaheadOptions", "LookupOptions", "options_from"]
 
 CONFIG_KEY = "specdec"
@@ -36,19 +38,22 @@ CONFIG_KEY = "specdec"
 
 @dataclass(frozen=True)
 class LookupOptions:
-    """Prompt lookup's options (specdec's defaults: the longest suffix of 3 down to 2 tokens,
+    """Prompt lookup's options (specdec's defaults: the longest suffix of 4 down to 2 tokens,
     copied from its earliest occurrence, the original being edited).
 
     Inside vLLM a step that carries drafts costs more than one that does not, whatever their
-    length, so the defaults propose less than specdec's own loop does: no copy after a single
-    matching token, and a token only while its chance of acceptance is at least ``min_gain``
-    (the measurements behind them: docs/benchmarks.md, "Inside vLLM").
+    length, and a copy after a single matching token is seldom right, so no copy is made after
+    fewer than 2 (the measurements behind it: docs/benchmarks.md, "Inside vLLM"). Drafts are
+    judged by the length of their match, and a copy that goes on where the last one was
+    accepted matches 4 tokens where one found afresh matches 2, hence ``max_ngram`` 4.
 
     ``num_speculative_tokens``: the most draft tokens per request and step (vLLM's field,
     which vLLM requires).
-    ``adaptive``: each request proposes only as many tokens as its recent acceptance says pay
-    (:class:`~specdec.integrations.vllm.lengths.DraftLength`); ``min_gain``: a draft token
-    pays while its estimated chance of being accepted is at least this.
+    ``adaptive``: each step, of each draft only the tokens that raise the engine's expected
+    tokens per ms at its measured step prices (:mod:`~specdec.integrations.vllm.lengths`);
+    False: every draft whole. ``explore_every``: with ``adaptive``, every this many steps on
+    which drafts were cut, none is, so that what the cut ones would have done keeps being
+    measured.
     ``max_model_len``, ``vocab_size``: the engine's, filled in from vLLM's model config.
     """
 
@@ -56,18 +61,18 @@ class LookupOptions:
     max_model_len: int
     vocab_size: int
     min_ngram: int = 2
-    max_ngram: int = 3
+    max_ngram: int = 4
     earliest: bool = True
     adaptive: bool = True
-    min_gain: float = 0.2
+    explore_every: int = EXPLORE_EVERY
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
-        if not 0.0 < self.min_gain < 1.0:
-            raise ValueError(f"min_gain must be in (0, 1), got {self.min_gain}")
+        if self.explore_every < 2:
+            raise ValueError(f"explore_every must be >= 2 (1 would never cut a draft), got {self.explore_every}")
 
 
 @dataclass(frozen=True)
