@@ -3,7 +3,8 @@
 // A thread block takes one (row b, KV head), a tile of query rows (query positions times the G
 // query heads sharing that KV head, position-major, so K/V is read once per group: 16 rows per
 // warp, up to 4 warps) and one split of the row's keys. It stages its queries once, then key and
-// value tiles of KEYS keys in shared memory with 16-byte loads (cuda/attention_smem.cuh); each
+// value tiles of KEYS keys in shared memory with 16-byte asynchronous copies (cp.async; one tile
+// at a time: a second buffer would not fit 48 KiB at D = 128, cuda/attention_smem.cuh); each
 // warp computes its rows' scores (tensor cores for half and bfloat16, cuda/attention_warp.cuh),
 // runs their online softmax (core/attention.h) with two lanes per row holding the row's state in
 // registers, and advances its output accumulator, in registers, by P V. Two block barriers per
@@ -88,6 +89,8 @@ __global__ void __launch_bounds__(kAttnMaxThreads)
   const bool* mask_row = mask != nullptr && valid ? mask + (b * T + i) * T : nullptr;
   WarpTile<Elem, NF, KEYS> tile(scores);
   core::SoftmaxState st;
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
   __syncthreads();
 
   for (int64_t c0 = s0; c0 < s1; c0 += KEYS) {
@@ -98,6 +101,8 @@ __global__ void __launch_bounds__(kAttnMaxThreads)
     };
     stage_rows<Elem, scalar_t>(sm.k, ld, KEYS, p.dp, D, p.vec, key_row(kb, p.k_ss));
     stage_rows<Elem, scalar_t>(sm.v, ld, KEYS, p.dp, D, p.vec, key_row(vb, p.v_ss));
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
     __syncthreads();
     tile.scores(q_w, sm.k, ld, nf, scores, s_ld);
     __syncwarp();

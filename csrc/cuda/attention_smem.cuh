@@ -16,6 +16,12 @@
 #include "cuda/launch.cuh"
 #include "cuda/vec.cuh"
 
+#if defined(SPECDEC_CUDA_SIM)
+#include "cuda_sim/pipeline.h"
+#else
+#include <cuda_pipeline.h>
+#endif
+
 namespace specdec::cuda {
 
 constexpr int kWarpRows = 16;  // query rows per warp (wmma's M)
@@ -72,8 +78,11 @@ constexpr AttnConfig attn_config(int nf) {
 }
 
 // Copies `rows` rows of D elements into a tile [rows, ld] with zeros up to dp, converting to
-// Elem: row(r) gives row r's first element, or nullptr for a row of zeros. 16 bytes per load
-// where the rows allow (vec: every row start 16-byte aligned).
+// Elem: row(r) gives row r's first element, or nullptr for a row of zeros. 16 bytes at a time
+// where the rows allow (vec: every row start 16-byte aligned): asynchronous copies (cp.async on
+// sm_80 and later, no registers held, every copy of the tile in flight at once) where no
+// conversion is needed, so the caller must __pipeline_commit and __pipeline_wait_prior(0) before
+// the barrier after which the tile is read; 16-byte loads converted element by element otherwise.
 template <class Elem, class scalar_t, class Row>
 __device__ void stage_rows(Elem* tile, int64_t ld, int64_t rows, int64_t dp, int64_t D, bool vec,
                            Row row) {
@@ -84,10 +93,10 @@ __device__ void stage_rows(Elem* tile, int64_t ld, int64_t rows, int64_t dp, int
     const scalar_t* src = row(r);
     Elem* dst = tile + r * ld + d0;
     if (src != nullptr && vec && d0 + V <= D) {
-      const Vec16<scalar_t> w = load16(src + d0);
       if constexpr (std::is_same_v<Elem, scalar_t>) {
-        store16(dst, w);
+        __pipeline_memcpy_async(dst, src + d0, 16);
       } else {
+        const Vec16<scalar_t> w = load16(src + d0);
         for (int e = 0; e < V; ++e) dst[e] = static_cast<Elem>(w.v[e]);
       }
     } else {

@@ -1,5 +1,5 @@
-// 16-byte vectors: one load or store instruction moves 16 bytes (8 half, 4 float, 2 double). The
-// address must be 16-byte aligned (the simulation checks it; a GPU faults).
+// 16-byte vector loads: one instruction moves 16 bytes (8 half, 4 float, 2 double). The address
+// must be 16-byte aligned (the simulation checks it; a GPU faults).
 #pragma once
 
 #include <cstdint>
@@ -18,14 +18,6 @@ __device__ inline Vec16<T> load16(const T* p) {
   sim::check_aligned(p, 16, "a 16-byte vector load");
 #endif
   return *reinterpret_cast<const Vec16<T>*>(p);
-}
-
-template <class T>
-__device__ inline void store16(T* p, const Vec16<T>& x) {
-#if defined(SPECDEC_CUDA_SIM)
-  sim::check_aligned(p, 16, "a 16-byte vector store");
-#endif
-  *reinterpret_cast<Vec16<T>*>(p) = x;
 }
 
 }  // namespace specdec::cuda

@@ -30,6 +30,16 @@ struct Thread {
   const char* collective = nullptr;
   WarpComplete complete = nullptr;
   void* warp_arg = nullptr;
+  // Asynchronous copies not yet waited for, and the number of groups committed so far (copies
+  // issued since the last commit belong to group `groups`).
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    uint64_t group;
+  };
+  std::vector<AsyncCopy> copies;
+  uint64_t groups = 0;
 };
 
 // Dynamic shared memory in 128-byte aligned pieces (a GPU's is at least that aligned; wmma's
@@ -269,6 +279,29 @@ void fail(const std::string& what) {
   t.state = State::kFailed;
   switch_to(t.context, b.scheduler);
   __builtin_unreachable();
+}
+
+void async_copy(void* dst, const void* src, size_t bytes, size_t zfill) {
+  if (bytes != 4 && bytes != 8 && bytes != 16)
+    fail("__pipeline_memcpy_async of " + std::to_string(bytes) + " bytes (4, 8 or 16 only)");
+  if (zfill != 0) fail("__pipeline_memcpy_async with zfill (not simulated)");
+  check_aligned(dst, bytes, "__pipeline_memcpy_async's destination");
+  check_aligned(src, bytes, "__pipeline_memcpy_async's source");
+  Thread& t = *block().current;
+  t.copies.push_back({dst, src, bytes, t.groups});
+}
+
+void async_commit() { ++block().current->groups; }
+
+void async_wait_prior(size_t prior) {
+  Thread& t = *block().current;
+  const uint64_t done = t.groups > prior ? t.groups - prior : 0;  // groups [0, done) complete
+  std::vector<Thread::AsyncCopy> pending;
+  for (const auto& c : t.copies) {
+    if (c.group < done) std::memcpy(c.dst, c.src, c.bytes);
+    else pending.push_back(c);
+  }
+  t.copies = std::move(pending);
 }
 
 void check_aligned(const void* p, size_t bytes, const std::string& what) {

@@ -52,6 +52,14 @@ void warp_collective(const char* what, const char* file, int line, void* arg,
 void check_full_mask(unsigned mask, const char* what, const char* file, int line);
 // __syncwarp(mask) at file:line.
 void sync_warp(const char* file, int line, unsigned mask = 0xffffffffu);
+// Asynchronous global-to-shared copies (cp.async, cuda_sim/pipeline.h): a copy of `bytes` (4, 8
+// or 16, both addresses aligned to it) happens only when a wait covers its group, so a read before
+// the wait (or by another thread before wait and barrier) sees the old bytes.
+void async_copy(void* dst, const void* src, size_t bytes, size_t zfill);
+// Closes the calling thread's current group of copies.
+void async_commit();
+// Completes the calling thread's copies in every committed group but the `prior` newest.
+void async_wait_prior(size_t prior);
 // Stops the simulated block with an error (raised by the launch).
 [[noreturn]] void fail(const std::string& what);
 // Fails unless p is `bytes`-aligned; `what` names the access.

@@ -82,6 +82,19 @@ def test_wmma_mapping_is_scrambled_and_elementwise_operations_work():
     assert torch.equal(scaled, ((torch.arange(THREADS) % 16 + 1) * 16).expand(BLOCKS, -1))
 
 
+def test_async_copies_land_at_the_wait():
+    def run(name):
+        return torch.ops.specdec_cuda_sim.async_self_test(name)
+
+    want = torch.tensor([[1000 * (b + 1) + (i + 1) % THREADS for i in range(THREADS)] for b in range(BLOCKS)])
+    assert torch.equal(run("copy_waited"), want)
+    # Without the wait, copies land only after the reads in some orders: every block reads stale slots.
+    assert (run("copy_not_waited") != want).any(dim=1).all()
+    assert (run("wait_prior_one") == 10).all()  # the older group only
+    with pytest.raises(RuntimeError, match="__pipeline_memcpy_async's destination: the address is not 16-byte aligned"):
+        run("misaligned_copy")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("b_col_major", [False, True])
 def test_wmma_mma_is_a_product(dtype, b_col_major):
