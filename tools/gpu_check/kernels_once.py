@@ -13,7 +13,8 @@ The ops and the kernels each call launches (csrc/cuda/*.cu, TORCH_LIBRARY_IMPL):
   ngram_match                 ngram_match_kernel
   ngram_pool_insert / lookup  ngram_pool_insert_kernel, ngram_pool_lookup_kernel
   tree_attention              tree_attention_kernel (one key split, bf16, D = 128, a tree mask;
-                              several splits, fp16, D = 64, causal: merge_kernel; fp32, D = 32)
+                              several splits, fp16, D = 64, causal: merge_kernel; fp32, D = 32;
+                              fp16, D = 200: the widest heads' bucket, 2-warp blocks, 16-key tiles)
   kv_commit                   kv_commit_kernel (1-, 2-, 4- and 8-byte elements),
                               advance_lengths_kernel
 
@@ -193,7 +194,8 @@ def main() -> int:
     # on a GPU of >= 4 SMs, so the merge kernel runs.
     for shape, dtype, with_mask, atol in [((2, 4, 2, 5, 128, 40), torch.bfloat16, True, 3e-2),
                                           ((1, 8, 2, 3, 64, 1000), torch.float16, False, 5e-3),
-                                          ((2, 2, 1, 4, 32, 300), torch.float32, True, 1e-5)]:
+                                          ((2, 2, 1, 4, 32, 300), torch.float32, True, 1e-5),
+                                          ((1, 4, 1, 17, 200, 90), torch.float16, True, 1e-2)]:
         checks.run(f"tree_attention {shape} {dtype} mask={with_mask}",
                    lambda: tree_attention(*shape, dtype, with_mask, atol))
 
