@@ -30,7 +30,9 @@ namespace specdec::cuda {
 namespace {
 
 constexpr int kAttnMaxThreads = 4 * 32;
-constexpr int64_t kMinSplitKeys = 256;  // fewer keys per split do not pay for the merge
+// Fewest keys per split: 4 key tiles. A block waits for each tile's loads (one buffer), so short
+// prefixes gain from spreading over more blocks; fewer keys would not pay for the merge.
+constexpr int64_t kMinSplitKeys = 128;
 constexpr int64_t kMaxHead = 256;       // widest head (16-column slices: 4, 8 or 16 per bucket)
 
 struct AttnParams {
@@ -58,9 +60,11 @@ __global__ void __launch_bounds__(kAttnMaxThreads)
   const int nf = static_cast<int>(p.dp / 16);
 
   const int64_t G = p.H / p.Hkv, rows_total = T * G;
-  // Rows x KV heads on x (up to 2^31 - 1 blocks), splits on y, query tiles on z.
-  const int64_t split = blockIdx.y, b = blockIdx.x / p.Hkv, kvh = blockIdx.x % p.Hkv;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.z) * R;
+  // Rows x KV heads on x (up to 2^31 - 1 blocks), query tiles on y, splits on z: blocks run in
+  // x-fastest order, so the tiles reading one (row, KV head, split)'s keys run close together and
+  // all but the first find them in L2.
+  const int64_t split = blockIdx.z, b = blockIdx.x / p.Hkv, kvh = blockIdx.x % p.Hkv;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * R;
   const int64_t r_end = r0 + R < rows_total ? r0 + R : rows_total;
   const int64_t plen = p.prefix_int64 ? static_cast<const int64_t*>(prefix_len)[b]
                                       : static_cast<const int32_t*>(prefix_len)[b];
@@ -198,7 +202,7 @@ void launch_attention(const AttentionDims& d, const AttnParams& p, const DeviceS
   const int64_t warps = std::min<int64_t>(cfg.warps, blocks_for(rows, kWarpRows));
   const int64_t tiles = blocks_for(rows, warps * kWarpRows);
   const auto smem = AttnSmem<TileElem<scalar_t>>::bytes(warps, cfg.keys, p.dp);
-  launch("tree_attention", tree_attention_kernel<scalar_t, NF>, {d.B * d.Hkv, p.num_splits, tiles},
+  launch("tree_attention", tree_attention_kernel<scalar_t, NF>, {d.B * d.Hkv, tiles, p.num_splits},
          static_cast<int>(32 * warps), static_cast<size_t>(smem), device,
          q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(),
          plen.const_data_ptr(), mask.defined() ? mask.const_data_ptr<bool>() : nullptr, p,

@@ -132,8 +132,8 @@ def attention_inputs(B, Hkv, S, T, gen, G=2, D=32):
 
 @pytest.mark.parametrize("sms, S", [(132, 17000), (108, 17000), (6, 2000), (1, 2000)])
 def test_attention_splits_follow_the_sm_count(device, sm_count, sms, S):
-    # 2 rows x 2 KV heads: 2 * SMs / 4 key splits are wanted, at most one per 256 keys (so 66 and
-    # 54 of the possible 67 at 17000 keys, 3 and 1 of the possible 8 at 2000): every split count
+    # 2 rows x 2 KV heads: 2 * SMs / 4 key splits are wanted, at most one per 128 keys (so 66 and
+    # 54 of the possible 133 at 17000 keys, 3 and 1 of the possible 16 at 2000): every split count
     # matches the reference.
     if device != "cuda_sim":
         pytest.skip("the SM count is the simulated GPU's")
@@ -205,5 +205,5 @@ def test_launch_beyond_the_grid_limits_raises(device, sm_count):
     T = 65536 * 64 + 1
     q = torch.zeros(1, 1, T, 1)
     k = torch.zeros(1, 1, T, 1)
-    with pytest.raises(ValueError, match=r"tree_attention: the inputs need a grid of \(1, 2, 65537\) blocks"):
+    with pytest.raises(ValueError, match=r"tree_attention: the inputs need a grid of \(1, 65537, 2\) blocks"):
         ops.tree_attention(q, k, k, torch.zeros(1, dtype=torch.long))
