@@ -33,7 +33,7 @@ constexpr int kAttnMaxThreads = 4 * 32;
 // Fewest keys per split: 4 key tiles. A block waits for each tile's loads (one buffer), so short
 // prefixes gain from spreading over more blocks; fewer keys would not pay for the merge.
 constexpr int64_t kMinSplitKeys = 128;
-constexpr int64_t kMaxHead = 256;       // widest head (16-column slices: 4, 8 or 16 per bucket)
+constexpr int64_t kMaxHead = 256;  // widest head (16-column slices: 4, 8 or 16 per bucket)
 
 struct AttnParams {
   int64_t B, H, Hkv, T, D, S, dp;
