@@ -198,6 +198,7 @@ void launch_attention(const AttentionDims& d, const AttnParams& p, const DeviceS
                       const at::Tensor& plen, const at::Tensor& mask, const at::Tensor& out,
                       const at::Tensor& part_acc, const at::Tensor& part_ml) {
   constexpr AttnConfig cfg = attn_config<TileElem<scalar_t>>(NF);
+  static_assert(cfg.warps > 0, "no key tile fits the shared memory at this head size");
   const int64_t rows = d.T * (d.H / d.Hkv);
   const int64_t warps = std::min<int64_t>(cfg.warps, blocks_for(rows, kWarpRows));
   const int64_t tiles = blocks_for(rows, warps * kWarpRows);
