@@ -12,6 +12,8 @@ from support.models import cyclic_lm, perturbed, tiny_lm
 from support.proposers import Recording
 
 import specdec
+from specdec.model.attention import enable_tree_attention
+from specdec.proposers.draft.proposer import draft_proposer
 
 
 def draft_passes(draft: torch.nn.Module) -> list[int]:
@@ -63,7 +65,12 @@ def test_default_takes_copies_for_one_rows_chain_only():
     draft = tiny_lm()
     assert specdec.DraftModel(draft).copied_tokens(1) == 8
     assert specdec.DraftModel(draft).copied_tokens(4) == 0  # a batch's pass would widen with every row's copy
-    assert specdec.DraftModel(draft, tree="dynamic", top_k=2).copied_tokens(1) == 0
+    # An adaptive tree's chain steps take copies as the chain would; a fixed tree never drafts a chain.
+    assert specdec.DraftModel(draft, tree="dynamic", top_k=2).copied_tokens(1) == 8
+    ids = torch.tensor([PROMPTS[0]])
+    fixed = specdec.DraftModel(draft, 3, tree="dynamic", top_k=2)
+    enable_tree_attention(draft)
+    assert draft_proposer([fixed], draft, ids, torch.tensor([ids.shape[1]]), 32).lookup == 0
     assert specdec.DraftModel(draft, coupled=False).copied_tokens(1) == 0
     assert specdec.DraftModel(draft, lookup=3).copied_tokens(4) == 3
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import torch
 
 # The modules whose ``time.perf_counter`` sizes passes or paces batches.
-TIMED_MODULES = ("specdec.loop.run", "specdec.proposers.draft.proposer", "specdec.proposers.ensemble",
-                 "specdec.proposers.eagle.proposer")
+TIMED_MODULES = ("specdec.loop.run", "specdec.loop.shape_choice", "specdec.proposers.draft.proposer",
+                 "specdec.proposers.ensemble", "specdec.proposers.eagle.proposer")
 
 
 class SyntheticClock:

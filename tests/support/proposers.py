@@ -76,10 +76,12 @@ EVERY_METHOD = {**METHODS, "medusa": lambda draft: specdec.Medusa(random_heads(d
 
 
 class Recording(Method, Proposer):
-    """Any method, its steps recorded as its proposer sees them."""
+    """Any method, its steps recorded as its proposer sees them, and the shape it chose for each
+    (`specdec.loop.shape_choice`; None where it has no choice)."""
 
     inner: object
     steps: list = field(default_factory=list)
+    shapes: list = field(default_factory=list)
 
     @property
     def max_pass_tokens(self):
@@ -93,6 +95,10 @@ class Recording(Method, Proposer):
     def needs_hidden_states(self):
         return self.inner.needs_hidden_states
 
+    @property
+    def needs_prompt_hidden_states(self):
+        return self.inner.needs_prompt_hidden_states
+
     def start(self, target, ctx, prompt, prompt_len, max_length, first):
         self.proposer = self.inner.start(target, ctx, prompt, prompt_len, max_length, first)
         return self
@@ -100,6 +106,8 @@ class Recording(Method, Proposer):
     def propose(self, ctx):
         committed = [ctx.tokens[b, : int(n)].tolist() for b, n in enumerate(ctx.lengths)]
         self.steps.append([committed, self.proposer.propose(ctx), ctx.max_nodes])
+        choice = getattr(self.proposer, "shape", None)
+        self.shapes.append(None if choice is None else choice.current)
         return self.steps[-1][1]
 
     def update(self, ctx, step):

@@ -211,7 +211,8 @@ def main(args: argparse.Namespace) -> None:
 
         other = models.load(args.model, dtype=DTYPES[args.plain_dtype])[0]
         others[f"plain_{args.plain_dtype}"] = other if args.no_accelerate else specdec.pack_linear_layers(other)
-    costs = specdec.profile_passes(target, ks=(1, 2, 4, 8, 16, 32))
+    # With --defaults, no profile: every method prices passes from what it measures.
+    costs = {} if args.defaults else specdec.profile_passes(target, ks=(1, 2, 4, 8, 16, 32))
     pad = pad_token_id(tok)
     # One short unmeasured run of every method first: the first passes of a process pay for
     # oneDNN's kernel generation and first touches of memory, which would count against
@@ -234,7 +235,17 @@ def main(args: argparse.Namespace) -> None:
                 specdec.Medusa(heads), dict(sampled, typical=specdec.TypicalAcceptance(eps)))
     if args.eagle:
         ours["specdec_eagle"] = (specdec.Eagle(eagle_drafter(args, target, tok)), {})
-    if draft is not None:
+    if draft is not None and args.defaults:
+        hf["hf_assisted"] = dict(assistant_model=draft)
+        head = args.draft_vocab_size or None
+        ours["specdec_draft"] = (specdec.DraftModel(draft), {})
+        if head:
+            ours[f"specdec_draft_head{head}"] = (specdec.DraftModel(draft, draft_vocab_size=head), {})
+        for k in args.draft_trees:
+            ours[f"specdec_draft_tree{k}"] = (specdec.DraftModel(
+                draft, draft_vocab_size=head, tree="dynamic", top_k=k), {})
+        ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(draft)), {})
+    elif draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
         # Chains drafted token by token (lookup=0), then taking copies (the default for one row).
         ours["specdec_draft"] = (specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True, lookup=0), {})
@@ -290,7 +301,8 @@ def main(args: argparse.Namespace) -> None:
                 for name, (method, kw) in ours.items():
                     seed = {"generator": torch.Generator().manual_seed(0)} if kw.get("do_sample") else {}
                     res = specdec.generate(target, ids, max_new_tokens=args.max_new_tokens,
-                                           method=method, pad_token_id=pad, pass_costs=costs, **kw, **seed)
+                                           method=method, pad_token_id=pad, pass_costs=costs or None,
+                                           **kw, **seed)
                     st = res.stats
                     out = res.sequences[0, ids.shape[1]: ids.shape[1] + st.new_tokens]
                     if method is None and one_token is None:
@@ -351,10 +363,13 @@ def _write(args: argparse.Namespace, runs: list[Run], costs: dict[int, float]) -
     stem = f"bench_{Path(args.model).name}_{args.dtype}" + ("_unprepared" if args.no_accelerate else "")
     if args.draft and args.draft_dtype not in (None, args.dtype):
         stem += f"_draft-{args.draft_dtype}"
+    if args.defaults:
+        stem += "_defaults"
     meta = {"model": args.model, "draft": args.draft, "dtype": args.dtype,
             "draft_dtype": args.draft_dtype or args.dtype,
             "accelerated": not args.no_accelerate, "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats, "prompt_file": args.prompt_file, "plain_dtype": args.plain_dtype,
+            "defaults": args.defaults,
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
             "pass_costs_ms": costs}
     (out / f"{stem}.json").write_text(json.dumps(

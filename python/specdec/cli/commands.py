@@ -246,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "newline), or .jsonl objects {\"prompt\": ..., \"set\": ...} (docs/benchmarks.md)")
     b.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of each set")
     b.add_argument("--repeats", type=int, default=1, help="runs of every method per prompt (interleaved)")
+    b.add_argument("--defaults", action="store_true",
+                   help="every method as a Python user calls it: its defaults (the draft's rows too: "
+                        "no fixed settings, the draft's own copying), and no pass_costs profile")
     b.add_argument("--methods", nargs="+", default=None, metavar="NAME",
                    help="run only these rows (plain always runs: it is the reference), e.g. "
                         "hf_assisted specdec_draft specdec_hybrid")

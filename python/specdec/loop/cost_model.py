@@ -45,6 +45,35 @@ class RunningMean:
 
 
 @dataclass
+class Throughput:
+    """Tokens per ms of recent steps: running means of each step's tokens and of its ms (a
+    ratio of means, not a mean of per-step rates, which one step that catches up many tokens
+    would move as much as a step of one).
+
+    Example:
+        >>> t = Throughput()
+        >>> t.observe(8, 2.0); t.observe(1, 1.0)
+        >>> t.count, round(t.value, 2)
+        (2, 3.0)
+    """
+
+    tokens: RunningMean = field(default_factory=RunningMean)
+    ms: RunningMean = field(default_factory=RunningMean)
+
+    @property
+    def count(self) -> int:
+        return self.tokens.count
+
+    @property
+    def value(self) -> float | None:
+        return None if self.count == 0 else self.tokens.value / max(self.ms.value, 1e-6)
+
+    def observe(self, tokens: float, ms: float) -> None:
+        self.tokens.observe(tokens)
+        self.ms.observe(ms)
+
+
+@dataclass
 class CostModel:
     """Pass costs (ms) of the target by the number of tokens in the pass, from
     `specdec.profile_passes` (one row over k tokens) and/or measured during decoding, and the

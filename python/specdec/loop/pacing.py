@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from specdec.loop.cost_model import EXPLORE_EVERY, RunningMean
+from specdec.loop.cost_model import EXPLORE_EVERY, Throughput
 
 # Measured steps of each kind before the loop may stop proposing.
 MIN_SAMPLES = 2
@@ -40,26 +40,6 @@ def laggard(generated: Tensor, going: Tensor) -> Tensor:
     """The fewest tokens ``generated [B]`` among the rows ``going [B]`` (a huge value when none
     is), as a 0-d tensor (no host read)."""
     return torch.where(going, generated, _NONE_GOING).min()
-
-
-@dataclass
-class Throughput:
-    """Tokens per ms of recent steps: running means of each step's tokens and of its ms."""
-
-    tokens: RunningMean = field(default_factory=RunningMean)
-    ms: RunningMean = field(default_factory=RunningMean)
-
-    @property
-    def count(self) -> int:
-        return self.tokens.count
-
-    @property
-    def value(self) -> float | None:
-        return None if self.count == 0 else self.tokens.value / max(self.ms.value, 1e-6)
-
-    def observe(self, tokens: int, ms: float) -> None:
-        self.tokens.observe(tokens)
-        self.ms.observe(ms)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from specdec import ops
 from specdec.loop.cost_model import EXPLORE_EVERY, CostModel, RunningMean
 from specdec.proposers.draft.proposer import DraftModel, draft_proposer
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
+from specdec.loop.shape_choice import choice_for
 from specdec.model.forward import node_layout
 from specdec.proposers.merge import merge_paths
 
@@ -55,7 +56,10 @@ class Ensemble(Method):
             merged. ``"average"``: draft models only; they draft one chain from the mean of
             their distributions (lengths, adaptivity and coupling of the first member).
         adaptive: union only; members after the first propose only in steps where they are
-            expected to pay (see the module's docstring); False: every member every step.
+            expected to pay (see the module's docstring), and each step is the union or one
+            member alone, whichever has emitted more tokens per ms so far (measured per step,
+            the others tried every few steps: `specdec.loop.shape_choice`); False: every
+            member every step.
 
     Greedy output equals the target's greedy output and sampling is lossless, as for each
     member: union members' candidates must be deterministic (draft models with
@@ -133,6 +137,10 @@ class _UnionProposer(Proposer):
         # emitted without it, tokens it added, nodes it added; and its ms per proposal.
         self.base, self.gain, self.nodes = ([[RunningMean() for _ in STATES] for _ in range(n)] for _ in range(3))
         self.ms = [RunningMean() for _ in range(n)]
+        # An ensemble contains each member: each step the union, or the member that has emitted
+        # the most tokens per ms alone, whichever has so far (measured per step).
+        names = tuple(type(m).__name__ for m in method.members)
+        self.shape = choice_for(("union", *names), method.adaptive and n > 1)
         self.proposals: list[Proposal] = []
         self.index: list[Tensor] = []
         self.called: list[bool] = []
@@ -153,12 +161,16 @@ class _UnionProposer(Proposer):
     def propose(self, ctx: Context) -> Proposal:
         self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         explore = not self.method.adaptive or self.steps % EXPLORE_EVERY == 0
+        alone = (self.shape.choose(budgeted=ctx.max_nodes is not None) if self.shape else 0) - 1
         on_cpu = ctx.tokens.device.type == "cpu"
         self.proposals, self.called, self.states = [], [], []
         width = 1  # nodes so far (an upper bound: members' trees may share nodes)
         for j, proposer in enumerate(self.proposers):
             state = _state(width - 1)
-            call = j == 0 or explore or self._pays(j, state, width, ctx.costs)
+            if alone >= 0:
+                call = j == alone
+            else:
+                call = j == 0 or explore or self._pays(j, state, width, ctx.costs)
             # A member sizes its nodes for the pass it shares: the batch's rows, the earlier
             # members' nodes of this step and what the later ones added last step.
             self.costs[j].rows = ctx.costs.rows
@@ -200,6 +212,8 @@ class _UnionProposer(Proposer):
         steps = member_steps(step, self.proposals, self.index)
         for proposer, costs, own in zip(self.proposers, self.costs, steps):
             proposer.update(dataclasses.replace(ctx, costs=costs), own)
+        if self.shape:
+            self.shape.emitted(step.accept_len, self.live)
         if not self.method.adaptive or len(self.proposers) == 1:
             return
         # What each called member added beyond the members before it, over the live rows.

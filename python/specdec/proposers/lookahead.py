@@ -29,6 +29,7 @@ from torch import Tensor
 from specdec import ops
 from specdec.renamed import take_aliases
 from specdec.loop.cost_model import EXPLORE_EVERY
+from specdec.loop.shape_choice import choice_for
 from specdec.proposers.copy_chain import matched
 from specdec.proposers.prompt_lookup import PromptLookup, LookupProposer
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
@@ -60,8 +61,10 @@ class Lookahead(Method):
         adaptive: size each step from the target's pass costs and the pool's recent hits:
             the guesses that maximise expected tokens per ms, and window columns only as far
             as they cost at most half of what the guesses currently add (on a GPU, where a
-            pass over a hundred tokens costs about one, that is always the whole window).
-            False: always W columns and G guesses.
+            pass over a hundred tokens costs about one, that is always the whole window);
+            and each step either that or prompt lookup's candidates alone, whichever has
+            emitted more tokens per ms so far (measured per step, the other tried every few
+            steps: `specdec.loop.shape_choice`). False: always W columns and G guesses.
         seed: picks the prompt tokens that start the window (reproducible runs).
 
     Greedy output equals the target's greedy output; sampling is lossless (the n-grams are
@@ -152,6 +155,9 @@ class _LookaheadProposer(Proposer):
         # Expected tokens the first g guesses add to prompt lookup's (a prior until measured).
         self.hit = [min(1.0, 0.2 * i) for i in range(g + 1)]
         self.steps = 0
+        # Lookahead contains prompt lookup: where the pool's guesses and the window do not pay
+        # for themselves (measured per step), prompt lookup's candidates alone.
+        self.shape = choice_for(("lookahead", "lookup"), method.adaptive and lookup is not None)
         self.guesses: Tensor | None = None  # [B, g, N - 1] verified this step
         self.columns = 0                    # window columns run this step
         self.window_start = 0               # the window's first node index
@@ -202,7 +208,8 @@ class _LookaheadProposer(Proposer):
         self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         root = ctx.roots()
         copy = self.lookup.chains(ctx) if self.lookup else None
-        g, w = self._sizes(ctx, 0 if copy is None else self.lookup.nodes)
+        shape = self.shape.choose(budgeted=ctx.max_nodes is not None) if self.shape else 0
+        g, w = self._sizes(ctx, 0 if copy is None else self.lookup.nodes) if shape == 0 else (0, 0)
         self.guesses = self.pool.lookup(root[:, 0])[0][:, :g] if g else None
         chains = [c for c in (copy, self.guesses) if c is not None]
         tokens, parents = root, torch.full_like(root, -1)
@@ -252,6 +259,8 @@ class _LookaheadProposer(Proposer):
             self.insert_context(ctx, self.start, m.ngram)
         if not m.adaptive:
             return
+        if self.shape:
+            self.shape.emitted(step.accept_len, self.live)
         # What prompt lookup's candidates took: its estimates, and the guesses' gain beyond it.
         copied = self.lookup.accepted(ctx, step.accept_len) if self.lookup else None
         if self.guesses is not None:

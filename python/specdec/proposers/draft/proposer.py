@@ -18,6 +18,7 @@ from specdec.proposers.draft.vocab import check_vocabulary, lowest_ids_head, voc
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.loop.verify import draw
 from specdec.loop.random_streams import DRAFT, TOKEN
+from specdec.loop.shape_choice import choice_for
 from specdec.loop.sampling import Sampling
 from specdec.model.forward import tree_forward
 from specdec.model.prefill import prefill, prefill_from
@@ -58,8 +59,10 @@ class DraftModel(Method):
     verifies the most probable nodes of the whole tree, at most ``tree_nodes``. (``tree=k``, an
     int, is the deprecated spelling of ``tree="dynamic", top_k=k``.) With ``adaptive=True`` the measured pass costs decide how many levels
     (up to ``max_draft_tokens``) and how many nodes pay; else ``num_draft_tokens`` levels and
-    ``tree_nodes`` nodes. Where the draft's first choice is wrong the target often takes its
-    second, and the branch under it goes on. Sampling needs ``coupled=True`` (the branches are
+    ``tree_nodes`` nodes, and each step drafts the tree or the chain ``tree=None`` would (with its
+    copies, ``lookup``), whichever has emitted more tokens per ms so far (measured per step, the
+    other tried every few steps: `specdec.loop.shape_choice`). Where the draft's first choice is
+    wrong the target often takes its second, and the branch under it goes on. Sampling needs ``coupled=True`` (the branches are
     verified as deterministic candidates: exact, and seeded equal to ``method=None``).
 
     ``lookup=m`` (chains): each draft pass also feeds up to m tokens copied from the context
@@ -68,9 +71,9 @@ class DraftModel(Method):
     same as with ``lookup=0`` (the draft's argmax, or its coupled draws), drafted in fewer draft
     passes where the text repeats earlier text (code editing); the pass costs a little more
     than a one-token pass. Prompt lookup drafting for the draft (a cascade). Default (None): 8
-    for a batch of one row drafting a chain with coupled draws, else 0 (a batch's draft pass
-    would be as wide as its rows' copies together, and trees and ``coupled=False`` need their
-    own draws).
+    for the chains of a batch of one row with coupled draws (an adaptive tree's chain steps
+    too), else 0 (a batch's draft pass would be as wide as its rows' copies together, and
+    ``coupled=False`` needs its own draws).
 
     The draft must share the target's tokenizer. When the two vocabularies differ only by
     padding rows past the tokenizer (e.g. Qwen2.5 7B and 0.5B), pass ``shared_vocab=len(tokenizer)``:
@@ -156,10 +159,11 @@ class DraftModel(Method):
         return 1 + (self.tree_nodes if self.branches > 1 else self.depth)
 
     def copied_tokens(self, rows: int) -> int:
-        """Copied tokens per draft pass for a batch of ``rows`` (``lookup``, or its default)."""
+        """Copied tokens per draft pass of a chain, for a batch of ``rows`` (``lookup``, or its
+        default; also the chain an adaptive tree falls back to)."""
         if self.lookup is not None:
             return self.lookup
-        return 8 if rows == 1 and self.branches == 1 and self.coupled else 0
+        return 8 if rows == 1 and self.coupled else 0
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
@@ -204,8 +208,15 @@ class _DraftProposer(Proposer):
         B = prompt.shape[0]
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
         self.lookup = method.copied_tokens(B)
+        # A tree contains its chain: with ``adaptive``, each step drafts whichever of the two has
+        # emitted more tokens per ms (measured per step).
+        self.shape = choice_for(("tree", "chain"), bool(method.adaptive) and method.branches > 1)
+        if method.branches > 1 and self.shape is None:
+            self.lookup = 0
         # A pass taking copies may write lookup + 1 entries past the chain's.
-        room = max_length + (fed_slots(method.branches, method.depth) if method.branches > 1 else self.lookup + 1)
+        room = max_length + max(fed_slots(method.branches, method.depth) if method.branches > 1 else 0,
+                                self.lookup + 1)
+        self.live = torch.zeros(0)
         self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=room),
                         d.reduced_head()) for d in drafts]
         self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots
@@ -252,7 +263,10 @@ class _DraftProposer(Proposer):
     def propose(self, ctx: Context) -> Proposal:
         self._prefill_waiting(None)  # started with donors but never joined to their batch
         method, sampling = self.method, ctx.sampling
-        limit = ctx.node_budget(method.tree_nodes if method.branches > 1 else method.depth)
+        shape = self.shape.choose(budgeted=ctx.max_nodes is not None) if self.shape else 0
+        tree = method.branches > 1 and shape == 0
+        self.live = ~ctx.finished
+        limit = ctx.node_budget(method.tree_nodes if tree else method.depth)
         if limit == 0:  # the tokens committed meanwhile are fed at the next drafting step
             return Proposal.root_only(ctx.roots())
         start = time.perf_counter()
@@ -262,7 +276,7 @@ class _DraftProposer(Proposer):
         columns = torch.arange(width, device=pending.device)
         idx = (self.cache.lengths[:, None] + columns).clamp_max(ctx.tokens.shape[1] - 1)
         scores = self._scores(torch.gather(ctx.tokens, 1, idx), pending, sampling)
-        if method.branches > 1:
+        if tree:
             return self._propose_tree(ctx, scores, min(method.depth, limit), limit, start)
         if self.lookup:
             return self._propose_copying(ctx, scores, limit, start)
@@ -419,6 +433,8 @@ class _DraftProposer(Proposer):
             cache.join(theirs)
 
     def update(self, ctx: Context, step: StepResult) -> None:
+        if self.shape:
+            self.shape.emitted(step.accept_len, self.live)
         if self.tree_slots is not None:
             # Move the accepted nodes' entries into place: those fed to the draft, a prefix of
             # the accepted path (a fed node's parent was fed too).

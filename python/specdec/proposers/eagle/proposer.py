@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
+from specdec.loop.shape_choice import choice_for
 from specdec.model.cache import SpecCache
 from specdec.model.forward import forward_pass
 from specdec.model.prefill import prefill_pass
@@ -29,8 +30,10 @@ class Eagle(Method):
     pass per level, and the target verifies the most probable nodes of the whole tree, at most
     ``tree_nodes``. ``tree=None``: a chain (the drafter's first choice at each level). With
     ``adaptive=True`` (default) the measured drafter and target pass costs decide how many
-    levels (up to ``max_draft_tokens``) and how many nodes pay; else ``max_draft_tokens`` levels
-    and ``tree_nodes`` nodes. ``num_speculative_tokens`` (vLLM's name) is accepted for
+    levels (up to ``max_draft_tokens``) and how many nodes pay, and each step drafts the tree or
+    the chain, whichever has emitted more tokens per ms so far (measured per step, the other
+    tried every few steps: `specdec.loop.shape_choice`); else ``max_draft_tokens`` levels and
+    ``tree_nodes`` nodes. ``num_speculative_tokens`` (vLLM's name) is accepted for
     ``max_draft_tokens``.
 
     Exact: greedy output is the target's own; with ``do_sample=True`` the tree's nodes are
@@ -109,6 +112,10 @@ class _EagleProposer(Proposer):
         self.method, self.drafter, self.cache = method, method.drafter, cache
         self.logp: Tensor | None = None     # [B, V'] the drafter's next-token log-probabilities after the root
         self.feature: Tensor | None = None  # [B, H] its predicted hidden state at the root
+        # A tree contains its chain: with ``adaptive``, each step drafts whichever of the two has
+        # emitted more tokens per ms (measured per step).
+        self.shape = choice_for(("tree", "chain"), method.adaptive and method.branches > 1)
+        self.live = torch.zeros(0)
 
     def feed(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
         """Commits ``count[b]`` entries per row: tokens ``x_{t+1}`` with the target's hidden
@@ -120,7 +127,10 @@ class _EagleProposer(Proposer):
 
     def propose(self, ctx: Context) -> Proposal:
         method = self.method
-        limit = ctx.node_budget(method.tree_nodes if method.branches > 1 else method.max_draft_tokens)
+        shape = self.shape.choose(budgeted=ctx.max_nodes is not None) if self.shape else 0
+        branches = method.branches if shape == 0 else 1
+        self.live = ~ctx.finished
+        limit = ctx.node_budget(method.tree_nodes if branches > 1 else method.max_draft_tokens)
         if limit == 0:
             return Proposal.root_only(ctx.roots())
         start = time.perf_counter()
@@ -141,13 +151,15 @@ class _EagleProposer(Proposer):
             return out.logits.float().log_softmax(-1)
 
         depth = min(method.max_draft_tokens, limit)
-        tree, n, passes = grow(self.logp, feed, method.branches, depth, limit, ctx, method.adaptive)
+        tree, n, passes = grow(self.logp, feed, branches, depth, limit, ctx, method.adaptive)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
         proposal, _ = select(tree, n, ctx.roots())
         return proposal
 
     def update(self, ctx: Context, step: StepResult) -> None:
+        if self.shape:
+            self.shape.emitted(step.accept_len, self.live)
         # The entries of the committed tokens, with the target's hidden states along the
         # accepted path (the drafted ones were fed the drafter's own predictions).
         start = self.cache.lengths

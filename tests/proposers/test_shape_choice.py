@@ -1,0 +1,141 @@
+"""Methods that contain a simpler shape fall back to it per step where it emits more tokens per
+ms (`specdec.loop.shape_choice`): a draft tree to its chain, lookahead to prompt lookup, an
+ensemble to one member; and keep the full shape where that pays. Pass times come from a
+synthetic clock (no wall time decides), outputs are checked against HF greedy."""
+
+import pytest
+import torch
+from support.clock import SyntheticClock
+from support.decoding import hf_greedy, PROMPTS
+from support.models import perturbed, tiny_lm
+from support.proposers import Recording
+
+import specdec
+from specdec.loop.cost_model import EXPLORE_EVERY
+from specdec.loop.shape_choice import MIN_SAMPLES, ShapeChoice
+
+
+def chosen_shapes(monkeypatch, method, target_ms, draft_ms=3.0, prompt=PROMPTS[0], new=60) -> list[int]:
+    """The shape each step took (``method``'s drafts timed too), its output checked."""
+    target = tiny_lm("llama", seed=25)
+    drafts = [model for model in method.models]
+    clock = SyntheticClock(target, drafts, target_ms=target_ms, draft_ms=draft_ms).install(monkeypatch)
+    recording = Recording(method)
+    out = specdec.generate(target, torch.tensor([prompt]), max_new_tokens=new, method=recording, eos_token_id=[])
+    clock.remove()
+    assert out.sequences[0, len(prompt):].tolist() == hf_greedy(target, prompt, new, eos=[])
+    return recording.shapes
+
+
+def settled(shapes: list[int], count: int) -> set[int]:
+    """The shapes taken after each of ``count`` shapes was measured, exploration steps left out."""
+    explore = EXPLORE_EVERY // 2
+    return {s for i, s in enumerate(shapes) if i >= count * MIN_SAMPLES and (i + 1) % EXPLORE_EVERY != explore}
+
+
+def same_draft():
+    return perturbed(tiny_lm("llama", seed=25), 0.0, seed=0)
+
+
+@pytest.mark.parametrize("target_ms, draft_ms", [(lambda t: 10.0 + 10.0 * t, 3.0), (lambda t: 10.0 + t, 40.0)])
+def test_a_draft_tree_falls_back_to_its_chain(monkeypatch, target_ms, draft_ms):
+    # Every extra node costs a tenth of a pass, or every draft pass four passes: the tree's
+    # nodes and its draft passes over several nodes lose to the chain, which takes copies of
+    # repeated text in fewer draft passes.
+    method = specdec.DraftModel(same_draft(), tree="dynamic")
+    shapes = chosen_shapes(monkeypatch, method, target_ms, draft_ms)
+    assert shapes[: 2 * MIN_SAMPLES] == [0] * MIN_SAMPLES + [1] * MIN_SAMPLES
+    assert len(shapes) > 16 and settled(shapes, 2) == {1}
+
+
+def test_lookahead_falls_back_to_prompt_lookup(monkeypatch):
+    # Passes cost 40 ms per token: the window's and the pool's nodes do not pay.
+    shapes = chosen_shapes(monkeypatch, specdec.Lookahead(), lambda t: 10.0 + 40.0 * t, prompt=PROMPTS[2], new=80)
+    assert len(shapes) > 16 and settled(shapes, 2) == {1}
+
+
+def test_an_ensemble_falls_back_to_its_best_member(monkeypatch):
+    # Steep costs: prompt lookup's nodes beside an exact draft's cost more than they add.
+    method = specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(same_draft()))
+    shapes = chosen_shapes(monkeypatch, method, lambda t: 10.0 + 20.0 * t)
+    assert len(shapes) > 16 and settled(shapes, 3) == {2}
+
+
+def test_an_ensemble_keeps_the_union_where_it_pays(monkeypatch):
+    # Nearly flat costs: the union emits the draft's tokens and lookup's copies in one pass.
+    method = specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(same_draft()))
+    shapes = chosen_shapes(monkeypatch, method, lambda t: 10.0 + t)
+    assert settled(shapes, 3) == {0}
+
+
+def test_methods_told_to_keep_their_shape_have_no_choice(monkeypatch):
+    draft = same_draft()
+    for method in (specdec.DraftModel(draft, tree="dynamic", adaptive=False, num_draft_tokens=3),
+                   specdec.Lookahead(adaptive=False), specdec.Ensemble(specdec.PromptLookup(), adaptive=False),
+                   specdec.Ensemble(specdec.PromptLookup()), specdec.DraftModel(draft)):
+        assert set(chosen_shapes(monkeypatch, method, lambda t: 10.0 + t, new=12)) == {None}, method
+
+
+def test_choice_rates_whole_steps_and_leaves_budgeted_ones_out():
+    clock = [0.0]
+    choice = ShapeChoice(("tree", "chain", "other"), clock=lambda: clock[0])
+    live = torch.tensor([True, True, False])
+
+    def step(ms, accepted, budgeted=False):
+        shape = choice.choose(budgeted)
+        clock[0] += ms / 1e3
+        choice.emitted(torch.tensor(accepted), live)
+        return shape
+
+    # Measuring: each shape MIN_SAMPLES steps in turn. Shape 1 emits 3 tokens per row in 10 ms,
+    # shape 0 two in 10 ms, shape 2 two in 20 ms (the finished row's 9 accepted do not count).
+    picks = [step({0: 10, 1: 10, 2: 20}[i // MIN_SAMPLES], [{0: 1, 1: 2, 2: 1}[i // MIN_SAMPLES]] * 2 + [9])
+             for i in range(3 * MIN_SAMPLES)]
+    assert picks == [0] * MIN_SAMPLES + [1] * MIN_SAMPLES + [2] * MIN_SAMPLES
+    assert step(10, [2, 2, 0]) == 1           # the 3rd shape's last step closes here
+    assert [round(m.value, 3) for m in choice.measured] == [0.2, 0.3, 0.1]
+    # A budgeted step keeps the full shape and is not timed, whatever it took.
+    assert step(1000, [0, 0, 0], budgeted=True) == 0
+    assert [m.count for m in choice.measured] == [MIN_SAMPLES, MIN_SAMPLES + 1, MIN_SAMPLES]
+    # Exploration tries the other shapes in turn, halfway between the methods' own explorations.
+    picks = [step(10, [2, 2, 0]) for _ in range(4 * EXPLORE_EVERY)]
+    explored = [(choice.steps - len(picks) + 1 + i, p) for i, p in enumerate(picks) if p != 1]
+    assert [s % EXPLORE_EVERY for s, _ in explored] == [EXPLORE_EVERY // 2] * 4
+    assert sorted(p for _, p in explored) == [0, 0, 2, 2]
+    # A step slowed by something else (a joining row's prefill) counts as at most OUTLIER times it.
+    before = choice.measured[1].ms.value
+    step(10_000, [2, 2, 0])
+    step(10, [2, 2, 0])
+    assert choice.measured[1].ms.value <= 1.2 * before
+
+
+def test_an_eagle_tree_falls_back_to_its_chain(monkeypatch):
+    # An untrained drafter, every extra node a tenth of a pass: the chain's one node per level pays best.
+    from support.models import random_drafter
+
+    method = specdec.Eagle(random_drafter(tiny_lm("llama", seed=25)))
+    shapes = chosen_shapes(monkeypatch, method, lambda t: 10.0 + 10.0 * t)
+    assert len(shapes) > 16 and settled(shapes, 2) == {1}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_any_sequence_of_shapes_keeps_the_output_exact(monkeypatch, seed):
+    # The shapes a method takes depend on measured times: whatever they are, step after step
+    # (here drawn at random), every row's greedy output is the target's, with ragged batches.
+    from support.decoding import assert_greedy_identity
+    from support.models import random_drafter
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def random_shape(self, budgeted=False):
+        self.current = None if budgeted else int(torch.randint(len(self.shapes), (1,), generator=gen))
+        return self.current or 0
+
+    monkeypatch.setattr(ShapeChoice, "choose", random_shape)
+    target = tiny_lm("llama", seed=43)
+    draft = perturbed(target, 0.05, 4)
+    for method in (specdec.DraftModel(draft, tree="dynamic", top_k=3), specdec.Lookahead(),
+                   specdec.Eagle(random_drafter(target, seed=1), top_k=3, max_draft_tokens=4),
+                   specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(draft), specdec.Lookahead())):
+        assert_greedy_identity(target, PROMPTS, method)
+        assert_greedy_identity(target, PROMPTS[2:3], method)
