@@ -9,6 +9,7 @@ from support.models import tiny_lm
 from support.proposers import CHOICES, oracle_setup, random_heads
 
 import specdec
+from specdec.loop.cost_model import EXPLORE_EVERY
 
 
 
@@ -114,6 +115,18 @@ def test_auto_tree_shrinks_when_heads_are_accepted_less_than_their_table_says(mo
     # The table claims near-certain heads; these random ones are rarely right. Passes cost a
     # little more per token: what pays for the claimed accuracy stops paying for the measured one.
     # (Taken at their word, the whole 12 nodes would pay at these costs.)
+    # (Exploration steps take the table at its word again, and propose more.)
     high = [[0.95, 0.9, 0.85], [0.9, 0.85, 0.8], [0.85, 0.8, 0.75]]
     proposed = _auto_run(monkeypatch, lambda tokens: 30.0 + 5.0 * tokens, high, new=40)
-    assert proposed[0] == 12 and max(proposed[3:]) < 6
+    assert proposed[0] == 12 and max(n for i, n in enumerate(proposed[3:], 4) if i % EXPLORE_EVERY) < 6
+
+
+def test_auto_tree_measures_again_after_unlucky_steps(monkeypatch):
+    # Heads whose table claims near-certain candidates that are never right, at costs where
+    # they would pay if they were: once measured, the tree shrinks to nothing, and every
+    # EXPLORE_EVERY steps the table is taken at its word again, so the heads keep being measured.
+    high = [[0.95, 0.9, 0.85], [0.9, 0.85, 0.8], [0.85, 0.8, 0.75]]
+    proposed = _auto_run(monkeypatch, lambda tokens: 10.0 + 20.0 * tokens, high, new=40)
+    explored = [n for i, n in enumerate(proposed, 1) if i % EXPLORE_EVERY == 0]
+    others = [n for i, n in enumerate(proposed, 1) if i % EXPLORE_EVERY and i > 2]
+    assert explored and all(explored) and not any(others)

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 # behind them stay current (prompt lookup's sides, lookahead's guesses, an ensemble's members,
 # the loop's pacing).
 EXPLORE_EVERY = 8
+# A choice measured this many times better than another tries that other less often (where it
+# is clearly worse, trying it costs more than the estimate's freshness is worth).
+CLEAR_MARGIN = 1.5
 
 # A pass's time on a shared machine has outliers (other processes, a virtual machine's
 # neighbours): one observation counts as at most this many times the current estimate. An

@@ -27,12 +27,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from specdec.loop.cost_model import EXPLORE_EVERY, Throughput
+from specdec.loop.cost_model import CLEAR_MARGIN, EXPLORE_EVERY, Throughput
 
 # Measured steps of each kind before the loop may stop proposing.
 MIN_SAMPLES = 2
-# Proposing this much faster: one-token steps are not tried again.
-CLEAR_MARGIN = 1.5
 _NONE_GOING = 1 << 62
 
 

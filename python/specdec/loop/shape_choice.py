@@ -8,7 +8,12 @@ shape's would have been. So the method measures each shape as it runs: the time 
 proposals to the next (a whole step: proposing, the target pass, verifying, learning) and the
 tokens the step emitted per row; it takes the shape with the most tokens per ms, and tries another
 shape every `EXPLORE_EVERY` steps so that the estimates follow the text (generated code
-and copied code favour different shapes).
+and copied code favour different shapes); a shape measured far slower than the best
+(`CLEAR_MARGIN`), less often.
+
+A tree contains its chain, and every method contains one-token decoding: `Eagle`'s shapes end
+with "none" (no candidates), since its drafter, unlike a draft model, may predict too little to
+pay for any pass over its nodes.
 """
 
 from __future__ import annotations
@@ -19,10 +24,15 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from specdec.loop.cost_model import EXPLORE_EVERY, OUTLIER, Throughput
+from specdec.loop.cost_model import CLEAR_MARGIN, EXPLORE_EVERY, OUTLIER, Throughput
 
-# Steps each shape is measured on before the choice compares them.
-MIN_SAMPLES = 3
+# Steps each shape is measured on before the choice compares them (one: a run of 128 tokens
+# that copies 8 per step has 16 steps, and a measuring step in a shape that does not pay costs
+# most of a step; the explorations measure again).
+MIN_SAMPLES = 1
+# A shape measured more than CLEAR_MARGIN times slower than the best is tried on every this
+# many-th of its turns to be explored only.
+FAR_EVERY = 4
 
 
 @dataclass
@@ -34,7 +44,7 @@ class ShapeChoice:
     its step is verified.
 
     Example (on a clock that advances only when told: shape 1 emits as many tokens per step in
-    half the time; steps 12 and 20 try shape 0 again):
+    less time; steps 4, 12 and 20 try shape 0 again):
         >>> import torch
         >>> clock = [0.0]
         >>> choice = ShapeChoice(("tree", "chain"), clock=lambda: clock[0])
@@ -42,10 +52,10 @@ class ShapeChoice:
         >>> for step in range(20):
         ...     shape = choice.choose()
         ...     picks.append(shape)
-        ...     clock[0] += (0.2 if shape == 0 else 0.1)
+        ...     clock[0] += (0.14 if shape == 0 else 0.1)
         ...     choice.emitted(torch.tensor([2]), torch.tensor([True]))
         >>> picks[:6], picks[6:]
-        ([0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0])
+        ([0, 1, 1, 0, 1, 1], [1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0])
     """
 
     shapes: tuple[str, ...]
@@ -80,8 +90,13 @@ class ShapeChoice:
             others = [i for i in range(len(self.shapes)) if i != best]
             # Halfway between the steps where the methods' own choices explore (theirs would
             # otherwise be made in a shape that may not contain them).
-            explore = self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2
-            pick = others[(self.steps // EXPLORE_EVERY) % len(others)] if explore else best
+            pick = best
+            if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2:
+                turn = self.steps // EXPLORE_EVERY
+                other = others[turn % len(others)]
+                far = self.measured[best].value > CLEAR_MARGIN * self.measured[other].value
+                if not far or (turn // len(others)) % FAR_EVERY == 0:
+                    pick = other
         self.current, self.since, self.tokens_per_row = pick, now, None
         return pick
 

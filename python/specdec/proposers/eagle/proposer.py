@@ -30,10 +30,10 @@ class Eagle(Method):
     pass per level, and the target verifies the most probable nodes of the whole tree, at most
     ``tree_nodes``. ``tree=None``: a chain (the drafter's first choice at each level). With
     ``adaptive=True`` (default) the measured drafter and target pass costs decide how many
-    levels (up to ``max_draft_tokens``) and how many nodes pay, and each step drafts the tree or
-    the chain, whichever has emitted more tokens per ms so far (measured per step, the other
-    tried every few steps: `specdec.loop.shape_choice`); else ``max_draft_tokens`` levels and
-    ``tree_nodes`` nodes. ``num_speculative_tokens`` (vLLM's name) is accepted for
+    levels (up to ``max_draft_tokens``) and how many nodes pay, and each step drafts the tree,
+    the chain, or nothing (one-token decoding), whichever has emitted the most tokens per ms so
+    far (measured per step, the others tried every few steps: `specdec.loop.shape_choice`);
+    else ``max_draft_tokens`` levels and ``tree_nodes`` nodes. ``num_speculative_tokens`` (vLLM's name) is accepted for
     ``max_draft_tokens``.
 
     Exact: greedy output is the target's own; with ``do_sample=True`` the tree's nodes are
@@ -112,9 +112,10 @@ class _EagleProposer(Proposer):
         self.method, self.drafter, self.cache = method, method.drafter, cache
         self.logp: Tensor | None = None     # [B, V'] the drafter's next-token log-probabilities after the root
         self.feature: Tensor | None = None  # [B, H] its predicted hidden state at the root
-        # A tree contains its chain: with ``adaptive``, each step drafts whichever of the two has
-        # emitted more tokens per ms (measured per step).
-        self.shape = choice_for(("tree", "chain"), method.adaptive and method.branches > 1)
+        # A tree contains its chain, and both one-token decoding: with ``adaptive``, each step
+        # drafts whichever has emitted the most tokens per ms (measured per step).
+        shapes = ("tree", "chain", "none") if method.branches > 1 else ("chain", "none")
+        self.shape = choice_for(shapes, method.adaptive)
         self.live = torch.zeros(0)
 
     def feed(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
@@ -127,11 +128,11 @@ class _EagleProposer(Proposer):
 
     def propose(self, ctx: Context) -> Proposal:
         method = self.method
-        shape = self.shape.choose(budgeted=ctx.max_nodes is not None) if self.shape else 0
-        branches = method.branches if shape == 0 else 1
+        shape = self.shape.shapes[self.shape.choose(budgeted=ctx.max_nodes is not None)] if self.shape else None
+        branches = method.branches if shape in ("tree", None) else 1
         self.live = ~ctx.finished
         limit = ctx.node_budget(method.tree_nodes if branches > 1 else method.max_draft_tokens)
-        if limit == 0:
+        if limit == 0 or shape == "none":
             return Proposal.root_only(ctx.roots())
         start = time.perf_counter()
         fed: list[Tensor] = []  # the drafter's predicted hidden state at every fed node, by slot

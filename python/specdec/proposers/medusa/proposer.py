@@ -11,7 +11,7 @@ from torch import Tensor
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.renamed import take_aliases
 from specdec.proposers.medusa.heads import MedusaHeads
-from specdec.loop.cost_model import RunningMean
+from specdec.loop.cost_model import EXPLORE_EVERY, RunningMean
 from specdec.proposers.medusa.trees import StaticTree, best_prefix, cumulative, dynamic_tree, ranked_paths
 
 # An "auto" tree's first step on CPU without measured pass costs: a pass there grows with its
@@ -107,7 +107,9 @@ class AutoSize:
     ``(1 + scale * sum of their probabilities) / target(n + 1)``, where ``scale`` is the
     measured accepted tokens over the expected ones (a running mean: held-out accuracies are
     not this text's) and ``target`` the loop's cost model, measured as decoding goes. n = 0
-    (no candidates) when nothing pays."""
+    (no candidates) when nothing pays. Every `EXPLORE_EVERY` steps the held-out table is taken
+    at its word again (``scale`` at least 1): a scale measured low on a few unlucky steps would
+    otherwise size every later tree at zero, and a tree not proposed is not measured."""
 
     def __init__(self, paths: list[tuple[int, ...]], probs: list[float]) -> None:
         self.paths = paths
@@ -116,12 +118,16 @@ class AutoSize:
         self.trees: dict[int, StaticTree] = {}
         self.max_rank = max(max(p) for p in paths)
         self.n = 0  # the last step's size
+        self.steps = 0
 
     def size(self, ctx: Context, limit: int) -> int:
         limit = min(limit, len(self.paths))
+        self.steps += ctx.max_nodes != 0  # steps told to propose nothing do not count
         if not ctx.costs.target_ms and ctx.tokens.device.type == "cpu":
             return min(limit, UNPROFILED_CPU_NODES)  # nothing measured yet: this step measures
         scale = 1.0 if self.scale.value is None else self.scale.value
+        if self.steps % EXPLORE_EVERY == 0:
+            scale = max(scale, 1.0)
         return best_prefix(self.expected[: limit + 1], ctx.costs.target, scale=scale)
 
     def tree(self, n: int, device: torch.device) -> StaticTree:
