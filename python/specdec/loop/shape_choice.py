@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from specdec.loop.cost_model import CLEAR_MARGIN, EXPLORE_EVERY, OUTLIER, Throughput
@@ -45,7 +46,6 @@ class ShapeChoice:
 
     Example (on a clock that advances only when told: shape 1 emits as many tokens per step in
     less time; steps 4, 12 and 20 try shape 0 again):
-        >>> import torch
         >>> clock = [0.0]
         >>> choice = ShapeChoice(("tree", "chain"), clock=lambda: clock[0])
         >>> picks = []
@@ -103,8 +103,11 @@ class ShapeChoice:
     def emitted(self, accept_len: Tensor, live: Tensor) -> None:
         """The step just verified accepted ``accept_len [B]`` candidates per row; ``live [B]``
         the rows that were decoding (one host read)."""
-        if self.current is not None and bool(live.any()):
-            self.tokens_per_row = float((accept_len[live] + 1).double().mean())
+        if self.current is None:
+            return
+        rows, tokens = torch.stack([live.sum(), ((accept_len + 1) * live).sum()]).tolist()
+        if rows:
+            self.tokens_per_row = tokens / rows
 
 
 def choice_for(shapes: tuple[str, ...], adaptive: bool) -> ShapeChoice | None:
