@@ -78,7 +78,7 @@ def test_grown_tree_is_eagle2_expansion_over_what_each_node_sees(k, depth, n):
         assert torch.equal(pos, (lengths - 1 + d)[:, None].expand_as(pos))
     want = reference_tree(k, depth, n, vocab)
     assert count == len(want)
-    proposal, slots = select(tree, count, ctx.roots())
+    proposal, slots, first = select(tree, count, ctx.roots())
     for b in range(B):
         par, toks = proposal.parents[b].tolist(), proposal.tokens[b].tolist()
         got = {}
@@ -95,6 +95,11 @@ def test_grown_tree_is_eagle2_expansion_over_what_each_node_sees(k, depth, n):
             if slots[b, i] >= 0:
                 assert int(fed[int(slots[b, i])][b]) == path[-1]
         assert int((slots[b] >= 0).sum()) > 0
+        # A node is its parent's first choice where its token is the draft's argmax there (the
+        # chain a chain drafter drafts runs along these).
+        for path, i in got.items():
+            assert bool(first[b, i]) == (path[-1] == int(fake_logp(path[:-1], vocab).argmax()))
+        assert not first[b, 0]
 
 
 def test_pending_nodes_are_seen_as_the_mask_says(device):

@@ -6,32 +6,10 @@ distribution, seeded equality, queues and finished rows run over support.decodin
 import pytest
 import torch
 from support.decoding import PROMPTS, assert_greedy_identity, hf_greedy, left_padded
-from support.models import random_drafter, tiny_lm
+from support.models import bigram_target, oracle_drafter, random_drafter, tiny_lm
 
 import specdec
 from specdec import EagleDrafter
-
-
-def bigram_target(family="llama", seed=41):
-    """A one-layer target whose attention adds nothing (o_proj zeroed): its hidden state at t,
-    and so its next token, is a function of token t alone."""
-    target = tiny_lm(family, seed=seed, layers=1)
-    with torch.no_grad():
-        target.model.layers[0].self_attn.o_proj.weight.zero_()
-    return target
-
-
-def oracle_drafter(target):
-    """The drafter that predicts such a target exactly: its layer is the target's (the input norm
-    only feeds the zeroed attention), ``fc`` passes the token's embedding and drops the feature,
-    and without the final norm its logits are the target's scaled by a positive factor."""
-    drafter = EagleDrafter.for_target(target, target.config.vocab_size)
-    H = target.config.hidden_size
-    layer = {k: v for k, v in target.model.layers[0].state_dict().items() if not k.startswith("input_layernorm")}
-    with torch.no_grad():
-        drafter.layer.load_state_dict(layer)  # the output projections too (a fresh drafter's are zero)
-        drafter.fc.weight.copy_(torch.cat([torch.eye(H), torch.zeros(H, H)], 1))
-    return drafter
 
 
 @pytest.mark.parametrize("tree", [None, "dynamic"])

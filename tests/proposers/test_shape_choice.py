@@ -1,13 +1,17 @@
 """Methods that contain a simpler shape fall back to it per step where it emits more tokens per
 ms (`specdec.loop.shape_choice`): a draft tree to its chain, lookahead to prompt lookup, an
-ensemble to one member; and keep the full shape where that pays. Pass times come from a
-synthetic clock (no wall time decides), outputs are checked against HF greedy."""
+ensemble to one member; and keep the full shape where that pays. A contained shape's tokens per
+step come from every step containing it (each method tells what its contained shapes would have
+accepted), its time from its own steps. Pass times come from a synthetic clock (no wall time
+decides), outputs are checked against HF greedy."""
+
+import copy
 
 import pytest
 import torch
 from support.clock import SyntheticClock
 from support.decoding import hf_greedy, PROMPTS
-from support.models import perturbed, tiny_lm
+from support.models import bigram_target, cyclic_lm, oracle_drafter, perturbed, tiny_lm
 from support.proposers import Recording
 
 import specdec
@@ -102,7 +106,7 @@ def test_choice_rates_whole_steps_and_leaves_budgeted_ones_out():
     # A budgeted step keeps the full shape and is not timed, whatever it took.
     assert step(budgeted=True, ms=1000) == 0
     assert step() == 1
-    assert [m.count for m in choice.measured] == [2, 1, 1]
+    assert [m.ms.count for m in choice.measured] == [2, 1, 1]  # a step's time closes at the next choice
     # Exploration tries the other shapes in turn, halfway between the methods' own explorations:
     # shape 0 on each of its turns, shape 2 (three times slower than the best) on one of
     # FAR_EVERY of its turns.
@@ -115,6 +119,158 @@ def test_choice_rates_whole_steps_and_leaves_budgeted_ones_out():
     assert step(ms=10_000) == 1
     step()
     assert choice.measured[1].ms.value <= 1.2 * before
+
+
+def test_a_contained_shapes_yield_comes_from_every_step_containing_it_its_time_from_its_own():
+    clock = [0.0]
+    choice = ShapeChoice(("tree", "chain"), clock=lambda: clock[0])
+    tree, chain = choice.measured
+    live = torch.tensor([True, True, False])
+
+    # A tree step takes 14 ms and accepts 4 candidates (5 tokens), the chain's nodes within it
+    # ``within``; a chain step takes 10 ms and accepts 2 (3 tokens). The finished row's 9
+    # accepted do not count.
+    def step(within=1, budgeted=False):
+        shape = choice.choose(budgeted)
+        clock[0] += (14 if shape == 0 else 10) / 1e3
+        accepted = [4, 4, 9] if shape == 0 else [2, 2, 9]
+        choice.emitted(torch.tensor(accepted), live, {1: torch.tensor([within, within, 0])} if shape == 0 else None)
+        return shape
+
+    assert step() == 0  # the tree's measuring step gives the chain's yield too: 2 tokens per row
+    assert (chain.tokens.count, chain.tokens.value, chain.ms.count, chain.value) == (1, 2.0, 0, None)
+    assert step() == 1  # the chain's step gives its time (and its own yield)
+    assert step() == 0 and (chain.tokens.count, round(chain.tokens.value, 2), chain.ms.value) == (3, 2.33, 10.0)
+    # A budgeted step gives no yields.
+    assert step(within=4, budgeted=True) == 0 and chain.tokens.count == 3
+    # Tree steps where the chain within takes all 4: the choice moves to the chain without any
+    # chain step in between, its time still its own step's.
+    shapes = [step(within=4) for _ in range(4)]
+    assert shapes == [0, 0, 0, 1] and (chain.ms.count, chain.ms.value) == (1, 10.0)
+    assert tree.ms.count == 5 and tree.ms.value == pytest.approx(14.0)
+
+    # While the tree is the faster, the chain (whose yield its steps give) is tried only to
+    # refresh its time: on one in FAR_EVERY of its turns, where a shape whose yield is not
+    # given is tried on each (test_choice_rates_whole_steps_and_leaves_budgeted_ones_out).
+    choice = ShapeChoice(("tree", "chain"), clock=lambda: clock[0])
+    shapes = [step() for _ in range(2 * FAR_EVERY * EXPLORE_EVERY)]
+    tried = [i + 1 for i, shape in enumerate(shapes) if shape == 1]
+    cycle = FAR_EVERY * EXPLORE_EVERY
+    assert tried == [2, cycle - EXPLORE_EVERY // 2, 2 * cycle - EXPLORE_EVERY // 2]
+
+
+def greedy_accepts(tokens: list[int], parents: list[int], keep: list[bool], continuation: list[int]) -> int:
+    """How many of the nodes ``keep`` the target's greedy ``continuation`` accepts, from the
+    root (node 0) down: a tree verified by hand."""
+    node, count = 0, 0
+    for token in continuation:
+        node = next((c for c in range(1, len(tokens))
+                     if parents[c] == node and keep[c] and tokens[c] == token), None)
+        if node is None:
+            return count
+        count += 1
+    return count
+
+
+def draft_chain(reference):
+    """DraftModel: a tree step tells what the draft's greedy chain (as deep as the tree has it)
+    takes; ``reference``: a copy of the draft for plain forward passes."""
+    def expected(proposer, proposal, committed, continuation):
+        if proposer.shape.current != 0:
+            return {}
+        tokens, parents = proposal.tokens[0].tolist(), proposal.parents[0].tolist()
+        on_chain, node = [False] * len(tokens), 0
+        for token in hf_greedy(reference, committed, 16, eos=[]):
+            node = next((c for c in range(1, len(tokens)) if parents[c] == node and tokens[c] == token), None)
+            if node is None:
+                break
+            on_chain[node] = True
+        return {1: greedy_accepts(tokens, parents, on_chain, continuation)}
+    return expected
+
+
+def eagle_shapes(proposer, proposal, committed, continuation):
+    """Eagle: a tree step tells what its chain of first choices (greedy: each node's most
+    probable child, listed first) takes; a tree or chain step, that one-token decoding takes 0."""
+    shapes = proposer.shape.shapes
+    name = shapes[proposer.shape.current]
+    out = {} if name == "none" else {shapes.index("none"): 0}
+    if name == "tree":
+        tokens, parents = proposal.tokens[0].tolist(), proposal.parents[0].tolist()
+        first = [c > 0 and parents[c] not in parents[1:c] for c in range(len(tokens))]
+        out[shapes.index("chain")] = greedy_accepts(tokens, parents, first, continuation)
+    return out
+
+
+def lookup_alone(proposer, proposal, committed, continuation):
+    """Lookahead: a lookahead step tells what prompt lookup's chains (the same in both shapes) take."""
+    if proposer.shape.current != 0:
+        return {}
+    chains = [] if proposer.lookup.proposed is None else proposer.lookup.proposed[0].tolist()
+    prefix = (next((i for i, (a, b) in enumerate(zip(c, continuation)) if a != b), len(c)) for c in chains)
+    return {1: max(prefix, default=0)}
+
+
+def members_alone(proposer, proposal, committed, continuation):
+    """Ensemble: a union step tells what each member that proposed in it takes of its own tree."""
+    if proposer.shape.current != 0:
+        return {}
+    return {j + 1: greedy_accepts(p.tokens[0].tolist(), p.parents[0].tolist(), p.is_candidate()[0].tolist(),
+                                  continuation)
+            for j, p in enumerate(proposer.proposals) if proposer.called[j]}
+
+
+def draft_tree():
+    target = cyclic_lm()
+    draft = perturbed(target, 0.05, 4)
+    return target, specdec.DraftModel(draft, tree="dynamic", top_k=3), draft_chain(copy.deepcopy(draft))
+
+
+def eagle():
+    target = bigram_target()
+    return target, specdec.Eagle(oracle_drafter(target, noise=0.3), top_k=3, max_draft_tokens=4), eagle_shapes
+
+
+def lookahead():
+    return cyclic_lm(), specdec.Lookahead(), lookup_alone
+
+
+def ensemble():
+    target = cyclic_lm()
+    return target, specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(perturbed(target, 0.05, 4))), members_alone
+
+
+@pytest.mark.parametrize("setup, fewer", [(draft_tree, True), (eagle, False), (lookahead, False), (ensemble, True)])
+def test_each_method_tells_what_its_contained_shapes_would_have_accepted(monkeypatch, setup, fewer):
+    # Shapes drawn at random; at every step, what the method tells its ShapeChoice the shapes
+    # within the step's would have accepted is what the target's greedy continuation takes of
+    # their nodes (found by hand from the step's proposal).
+    target, method, expected = setup()
+    gen = torch.Generator().manual_seed(0)
+
+    def random_shape(self, budgeted=False):
+        self.current = None if budgeted else int(torch.randint(len(self.shapes), (1,), generator=gen))
+        return self.current or 0
+
+    prompt, new = PROMPTS[2], 48
+    text = prompt + hf_greedy(target, prompt, new + 32, eos=[])
+    recording, told, emitted = Recording(method), [], ShapeChoice.emitted
+
+    def spy(self, accept_len, live, contained=None):
+        if self is recording.proposer.shape:
+            committed, proposal = recording.steps[-1][0][0], recording.steps[-1][1]
+            told.append(({k: int(v[0]) for k, v in (contained or {}).items()}, int(accept_len[0]),
+                         expected(recording.proposer, proposal, committed, text[len(committed):])))
+        emitted(self, accept_len, live, contained)
+
+    monkeypatch.setattr(ShapeChoice, "choose", random_shape)
+    monkeypatch.setattr(ShapeChoice, "emitted", spy)
+    specdec.generate(target, torch.tensor([prompt]), max_new_tokens=new, method=recording, eos_token_id=[])
+    assert len(told) > 8 and [t for t, _, _ in told] == [want for _, _, want in told]
+    # Not vacuous: the contained shapes took candidates; in a tree, its other branches (in a
+    # union, the other member) took more on some steps.
+    accepted = [(v, n) for t, n, _ in told for v in t.values()]
+    assert any(v > 0 for v, _ in accepted) and (not fewer or any(v < n for v, n in accepted))
 
 
 def test_an_eagle_drafter_that_does_not_pay_falls_back_to_one_token_decoding(monkeypatch):

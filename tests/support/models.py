@@ -64,3 +64,32 @@ def random_drafter(target: torch.nn.Module, draft_vocab_size: int | None = None,
                 spread = float(p.std()) or 0.05
                 p.add_(torch.randn(p.shape, generator=gen) * scale * spread)
     return drafter
+
+
+def bigram_target(family: str = "llama", seed: int = 41) -> torch.nn.Module:
+    """A one-layer target whose attention adds nothing (o_proj zeroed): its hidden state at t,
+    and so its next token, is a function of token t alone."""
+    target = tiny_lm(family, seed=seed, layers=1)
+    with torch.no_grad():
+        target.model.layers[0].self_attn.o_proj.weight.zero_()
+    return target
+
+
+def oracle_drafter(target: torch.nn.Module, noise: float = 0.0, seed: int = 0):
+    """The EAGLE drafter that predicts a `bigram_target` exactly: its layer is the target's (the
+    input norm only feeds the zeroed attention), ``fc`` passes the token's embedding and drops
+    the feature, and without the final norm its logits are the target's scaled by a positive
+    factor. ``noise``: seeded noise on the layer's weights, this many times their spread (its
+    first choices then sometimes wrong)."""
+    from specdec import EagleDrafter
+
+    drafter = EagleDrafter.for_target(target, target.config.vocab_size)
+    H = target.config.hidden_size
+    layer = {k: v for k, v in target.model.layers[0].state_dict().items() if not k.startswith("input_layernorm")}
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        drafter.layer.load_state_dict(layer)  # the output projections too (a fresh drafter's are zero)
+        drafter.fc.weight.copy_(torch.cat([torch.eye(H), torch.zeros(H, H)], 1))
+        for p in drafter.layer.parameters() if noise else ():
+            p.add_(torch.randn(p.shape, generator=gen) * noise * float(p.std()))
+    return drafter

@@ -51,7 +51,8 @@ class RunningMean:
 class Throughput:
     """Tokens per ms of recent steps: running means of each step's tokens and of its ms (a
     ratio of means, not a mean of per-step rates, which one step that catches up many tokens
-    would move as much as a step of one).
+    would move as much as a step of one). The two may be observed apart (`ShapeChoice` learns a
+    shape's tokens from more steps than it times); ``value`` is None until both are.
 
     Example:
         >>> t = Throughput()
@@ -69,7 +70,9 @@ class Throughput:
 
     @property
     def value(self) -> float | None:
-        return None if self.count == 0 else self.tokens.value / max(self.ms.value, 1e-6)
+        if self.tokens.value is None or self.ms.value is None:
+            return None
+        return self.tokens.value / max(self.ms.value, 1e-6)
 
     def observe(self, tokens: float, ms: float) -> None:
         self.tokens.observe(tokens)

@@ -58,7 +58,7 @@ class Ensemble(Method):
         adaptive: union only; members after the first propose only in steps where they are
             expected to pay (see the module's docstring), and each step is the union or one
             member alone, whichever has emitted more tokens per ms so far (measured per step,
-            the others tried every few steps: `specdec.loop.shape_choice`); False: every
+            the members' tokens on the union's steps too: `specdec.loop.shape_choice`); False: every
             member every step.
 
     Greedy output equals the target's greedy output and sampling is lossless, as for each
@@ -138,7 +138,8 @@ class _UnionProposer(Proposer):
         self.base, self.gain, self.nodes = ([[RunningMean() for _ in STATES] for _ in range(n)] for _ in range(3))
         self.ms = [RunningMean() for _ in range(n)]
         # An ensemble contains each member: each step the union, or the member that has emitted
-        # the most tokens per ms alone, whichever has so far (measured per step).
+        # the most tokens per ms alone, whichever has so far (measured per step; the members'
+        # tokens on the union's steps too).
         names = tuple(type(m).__name__ for m in method.members)
         self.shape = choice_for(("union", *names), method.adaptive and n > 1)
         self.proposals: list[Proposal] = []
@@ -213,7 +214,11 @@ class _UnionProposer(Proposer):
         for proposer, costs, own in zip(self.proposers, self.costs, steps):
             proposer.update(dataclasses.replace(ctx, costs=costs), own)
         if self.shape:
-            self.shape.emitted(step.accept_len, self.live)
+            # A union step tells what each member that proposed in it would have emitted alone
+            # (as far as its own tree went: alone it may size it for a narrower pass).
+            union = self.shape.current == 0
+            self.shape.emitted(step.accept_len, self.live, {j + 1: own.accept_len for j, own in enumerate(steps)
+                                                            if union and self.called[j]})
         if not self.method.adaptive or len(self.proposers) == 1:
             return
         # What each called member added beyond the members before it, over the live rows.

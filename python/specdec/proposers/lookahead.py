@@ -63,8 +63,8 @@ class Lookahead(Method):
             as they cost at most half of what the guesses currently add (on a GPU, where a
             pass over a hundred tokens costs about one, that is always the whole window);
             and each step either that or prompt lookup's candidates alone, whichever has
-            emitted more tokens per ms so far (measured per step, the other tried every few
-            steps: `specdec.loop.shape_choice`). False: always W columns and G guesses.
+            emitted more tokens per ms so far (measured per step, prompt lookup's tokens on
+            lookahead's steps too: `specdec.loop.shape_choice`). False: always W columns and G guesses.
         seed: picks the prompt tokens that start the window (reproducible runs).
 
     Greedy output equals the target's greedy output; sampling is lossless (the n-grams are
@@ -259,10 +259,12 @@ class _LookaheadProposer(Proposer):
             self.insert_context(ctx, self.start, m.ngram)
         if not m.adaptive:
             return
-        if self.shape:
-            self.shape.emitted(step.accept_len, self.live)
         # What prompt lookup's candidates took: its estimates, and the guesses' gain beyond it.
         copied = self.lookup.accepted(ctx, step.accept_len) if self.lookup else None
+        if self.shape:
+            # Its candidates are the same in both shapes: a lookahead step tells exactly what
+            # prompt lookup alone would have emitted.
+            self.shape.emitted(step.accept_len, self.live, {1: copied} if self.shape.current == 0 else None)
         if self.guesses is not None:
             self._observe_hits(ctx, step.accept_len, copied)
         if self.lookup is not None:

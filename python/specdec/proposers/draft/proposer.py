@@ -18,7 +18,7 @@ from specdec.proposers.draft.vocab import check_vocabulary, lowest_ids_head, voc
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.loop.verify import draw
 from specdec.loop.random_streams import DRAFT, TOKEN
-from specdec.loop.shape_choice import choice_for
+from specdec.loop.shape_choice import accepted_within, choice_for
 from specdec.loop.sampling import Sampling
 from specdec.model.forward import tree_forward
 from specdec.model.prefill import prefill, prefill_from
@@ -61,7 +61,7 @@ class DraftModel(Method):
     (up to ``max_draft_tokens``) and how many nodes pay; else ``num_draft_tokens`` levels and
     ``tree_nodes`` nodes, and each step drafts the tree or the chain ``tree=None`` would (with its
     copies, ``lookup``), whichever has emitted more tokens per ms so far (measured per step, the
-    other tried every few steps: `specdec.loop.shape_choice`). Where the draft's first choice is
+    chain's tokens on the tree's steps too: `specdec.loop.shape_choice`). Where the draft's first choice is
     wrong the target often takes its second, and the branch under it goes on. Sampling needs ``coupled=True`` (the branches are
     verified as deterministic candidates: exact, and seeded equal to ``method=None``).
 
@@ -209,7 +209,7 @@ class _DraftProposer(Proposer):
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
         self.lookup = method.copied_tokens(B)
         # A tree contains its chain: with ``adaptive``, each step drafts whichever of the two has
-        # emitted more tokens per ms (measured per step).
+        # emitted more tokens per ms (measured per step; the chain's tokens on tree steps too).
         self.shape = choice_for(("tree", "chain"), bool(method.adaptive) and method.branches > 1)
         if method.branches > 1 and self.shape is None:
             self.lookup = 0
@@ -220,6 +220,7 @@ class _DraftProposer(Proposer):
         self.drafts = [(d.model, SpecCache.for_model(d.model, batch_size=B, max_length=room),
                         d.reduced_head()) for d in drafts]
         self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots
+        self.first: Tensor | None = None       # and which are the draft's first choices (its chain)
         self.target_vocab = target_vocab
         # Ids every draft may propose: below the shared part of the vocabularies (and heads).
         self.proposable = min(min(vocab_size(d.model), d.shared_vocab or target_vocab,
@@ -263,6 +264,7 @@ class _DraftProposer(Proposer):
     def propose(self, ctx: Context) -> Proposal:
         self._prefill_waiting(None)  # started with donors but never joined to their batch
         method, sampling = self.method, ctx.sampling
+        self.first = None
         shape = self.shape.choose(budgeted=ctx.max_nodes is not None) if self.shape else 0
         tree = method.branches > 1 and shape == 0
         self.live = ~ctx.finished
@@ -406,7 +408,7 @@ class _DraftProposer(Proposer):
                                self.method.adaptive)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
-        proposal, self.tree_slots = select(tree, n, ctx.roots())
+        proposal, self.tree_slots, self.first = select(tree, n, ctx.roots())
         return proposal
 
     def _prefill_waiting(self, batch: _DraftProposer | None) -> None:
@@ -434,7 +436,10 @@ class _DraftProposer(Proposer):
 
     def update(self, ctx: Context, step: StepResult) -> None:
         if self.shape:
-            self.shape.emitted(step.accept_len, self.live)
+            # A tree step also tells what its chain of the draft's first choices took (the
+            # chain's yield; its own steps' length may differ: an estimate).
+            chain = None if self.first is None else {1: accepted_within(step.accept_path, self.first)}
+            self.shape.emitted(step.accept_len, self.live, chain)
         if self.tree_slots is not None:
             # Move the accepted nodes' entries into place: those fed to the draft, a prefix of
             # the accepted path (a fed node's parent was fed too).

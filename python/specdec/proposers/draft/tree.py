@@ -87,19 +87,28 @@ def ancestors_row(anc: Tensor, parent_slot: Tensor, slot: Tensor) -> Tensor:
     return rows | F.one_hot(slot, n).bool()
 
 
-def select(tree: DraftedTree, n: int, root: Tensor) -> tuple[Proposal, Tensor]:
+def select(tree: DraftedTree, n: int, root: Tensor) -> tuple[Proposal, Tensor, Tensor]:
     """The proposal of the ``n`` best-scoring nodes (a tree: parents score at least as high and
-    were drafted earlier, and the sort is stable) and each proposal node's draft slot ``[B, 1 + n]``.
+    were drafted earlier, and the sort is stable), each proposal node's draft slot ``[B, 1 + n]``
+    and whether it is the drafter's first choice after its parent ``[B, 1 + n]`` (its argmax, or
+    its coupled draw: `children`; the chain a chain drafter drafts runs along these from the
+    root, as far as the tree has them: `specdec.loop.shape_choice.accepted_within`).
 
-    Example (node 3 is node 1's child; root token 9):
+    Example (nodes 1 and 2 are the root's first and second choices, node 3 node 1's first;
+    root token 9):
         >>> tree = DraftedTree(tokens=torch.tensor([[5, 6, 7]]), parents=torch.tensor([[0, 0, 1]]),
         ...                    score=torch.tensor([[-0.1, -2.0, -0.5]]), slot=torch.tensor([[0, -1, -1]]))
-        >>> proposal, slots = select(tree, 2, torch.tensor([[9]]))
-        >>> proposal.tokens.tolist(), proposal.parents.tolist(), slots.tolist()
-        ([[9, 5, 7]], [[-1, 0, 1]], [[-1, 0, -1]])
+        >>> proposal, slots, first = select(tree, 2, torch.tensor([[9]]))
+        >>> proposal.tokens.tolist(), proposal.parents.tolist(), slots.tolist(), first.tolist()
+        ([[9, 5, 7]], [[-1, 0, 1]], [[-1, 0, -1]], [[False, True, True]])
     """
     order = torch.sort(tree.score, dim=1, descending=True, stable=True).indices[:, :n]
     B, M = tree.tokens.shape
+    # A node's children were drafted together, its first choice first (`grow`).
+    numbers = torch.arange(1, M + 1, device=root.device).expand(B, M)
+    lowest = torch.full((B, M + 1), M + 1, dtype=torch.long, device=root.device)
+    lowest.scatter_reduce_(1, tree.parents, numbers, "amin")
+    first = torch.gather(lowest, 1, tree.parents) == numbers
     # Proposal index of every drafted node (0 for those left out: never a chosen node's parent).
     index = torch.zeros(B, M + 1, dtype=torch.long, device=root.device)
     index.scatter_(1, order + 1, torch.arange(1, n + 1, device=root.device).expand(B, n))
@@ -107,7 +116,8 @@ def select(tree: DraftedTree, n: int, root: Tensor) -> tuple[Proposal, Tensor]:
     minus_one = torch.full_like(root, -1)
     proposal = Proposal(torch.cat([root, torch.gather(tree.tokens, 1, order)], 1),
                         torch.cat([minus_one, parents], 1))
-    return proposal, torch.cat([minus_one, torch.gather(tree.slot, 1, order)], 1)
+    return (proposal, torch.cat([minus_one, torch.gather(tree.slot, 1, order)], 1),
+            torch.cat([torch.zeros_like(root, dtype=torch.bool), torch.gather(first, 1, order)], 1))
 
 
 def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adaptive: bool) -> tuple[DraftedTree, int, int]:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
-from specdec.loop.shape_choice import choice_for
+from specdec.loop.shape_choice import accepted_within, choice_for
 from specdec.model.cache import SpecCache
 from specdec.model.forward import forward_pass
 from specdec.model.prefill import prefill_pass
@@ -32,7 +32,8 @@ class Eagle(Method):
     ``adaptive=True`` (default) the measured drafter and target pass costs decide how many
     levels (up to ``max_draft_tokens``) and how many nodes pay, and each step drafts the tree,
     the chain, or nothing (one-token decoding), whichever has emitted the most tokens per ms so
-    far (measured per step, the others tried every few steps: `specdec.loop.shape_choice`);
+    far (measured per step, the contained shapes' tokens on the steps of those containing them:
+    `specdec.loop.shape_choice`);
     else ``max_draft_tokens`` levels and ``tree_nodes`` nodes. ``num_speculative_tokens`` (vLLM's name) is accepted for
     ``max_draft_tokens``.
 
@@ -117,6 +118,7 @@ class _EagleProposer(Proposer):
         shapes = ("tree", "chain", "none") if method.branches > 1 else ("chain", "none")
         self.shape = choice_for(shapes, method.adaptive)
         self.live = torch.zeros(0)
+        self.first: Tensor | None = None  # a tree step's nodes that are the drafter's first choices
 
     def feed(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
         """Commits ``count[b]`` entries per row: tokens ``x_{t+1}`` with the target's hidden
@@ -130,7 +132,7 @@ class _EagleProposer(Proposer):
         method = self.method
         shape = self.shape.shapes[self.shape.choose(budgeted=ctx.max_nodes is not None)] if self.shape else None
         branches = method.branches if shape in ("tree", None) else 1
-        self.live = ~ctx.finished
+        self.live, self.first = ~ctx.finished, None
         limit = ctx.node_budget(method.tree_nodes if branches > 1 else method.max_draft_tokens)
         if limit == 0 or shape == "none":
             return Proposal.root_only(ctx.roots())
@@ -155,12 +157,12 @@ class _EagleProposer(Proposer):
         tree, n, passes = grow(self.logp, feed, branches, depth, limit, ctx, method.adaptive)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
-        proposal, _ = select(tree, n, ctx.roots())
+        proposal, _, self.first = select(tree, n, ctx.roots())
         return proposal
 
     def update(self, ctx: Context, step: StepResult) -> None:
         if self.shape:
-            self.shape.emitted(step.accept_len, self.live)
+            self.shape.emitted(step.accept_len, self.live, self._contained(step))
         # The entries of the committed tokens, with the target's hidden states along the
         # accepted path (the drafted ones were fed the drafter's own predictions).
         start = self.cache.lengths
@@ -172,6 +174,17 @@ class _EagleProposer(Proposer):
         # (zeros past a row's count: padding).
         features = step.hidden_on_path()[:, :width] * (columns < count[:, None])[..., None]
         self.feed(tokens, features, count)
+
+    def _contained(self, step: StepResult) -> dict[int, Tensor]:
+        """What the shapes within this step's (those after it: tree, chain, none) would have had
+        accepted: the chain, as far as the tree's first choices took it; none, nothing."""
+        shapes, current = self.shape.shapes, self.shape.current
+        if current is None or shapes[current] == "none":
+            return {}
+        contained = {shapes.index("none"): torch.zeros_like(step.accept_len)}
+        if shapes[current] == "tree":
+            contained[shapes.index("chain")] = accepted_within(step.accept_path, self.first)
+        return contained
 
     def keep_rows(self, rows: Tensor) -> None:
         self.cache.keep_rows(rows)
