@@ -1,4 +1,5 @@
-"""train_eagle: the held-out rollout's alignment, learning, resuming, files, the CLI."""
+"""train_eagle: the held-out rollout's alignment, the training's losses per depth on the same
+rollout, learning, resuming, files, the CLI."""
 
 import doctest
 import json
@@ -16,7 +17,7 @@ import specdec.training.loop as training_loop
 from specdec import cli
 from specdec.cli import common
 from specdec.proposers.eagle.drafter import EagleDrafter
-from specdec.training.eagle import EagleTrainConfig
+from specdec.training.eagle import EagleTrainConfig, depth_losses
 from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.corpus import build_chunks
 from specdec.training.features import Features, extract_features
@@ -78,10 +79,85 @@ def test_rollout_drafts_from_each_position_as_a_draft_alone_would():
     assert not torch.allclose(shifted, predicted[1][:21], atol=1e-3)
 
 
-def _copying_drafter(target):
+def test_a_batch_rollout_with_gradients_is_the_evaluation_rollout_of_each_chunk():
+    target = tiny_lm(seed=2)
+    drafter = random_drafter(target, seed=3, scale=1.0)
+    gen = torch.Generator().manual_seed(5)
+    chunks = [torch.randint(3, 96, (n,), generator=gen) for n in (20, 13)]
+    forwards = [_forward(target, x) for x in chunks]
+    ids = torch.zeros(2, 20, dtype=torch.long)
+    hidden = torch.zeros(2, 20, 64)
+    greedy = torch.full((2, 20), -1)
+    for b, (x, (f, g)) in enumerate(zip(chunks, forwards)):  # right-padded, as the training batches
+        ids[b, :len(x)], hidden[b, :len(x)], greedy[b, :len(x)] = x, f, g
+    for feed in (None, greedy):
+        batch = rollout(drafter, ids, hidden, depth=3, greedy=feed)  # with gradients
+        assert all(p.requires_grad for p in batch) and [p.shape for p in batch] == [(2, 20 - d, 64) for d in (1, 2, 3)]
+        for b, (x, (f, g)) in enumerate(zip(chunks, forwards)):
+            with torch.no_grad():
+                alone = rollout(drafter, x, f, depth=3, greedy=None if feed is None else g)  # as evaluate runs it
+            for d, expected in enumerate(alone, 1):
+                _assert_same(batch[d - 1][b, :len(x) - d].detach(), expected)
+    # The gradient runs through the fed-back features: start s's depth-3 entry depends on its own
+    # depth-1 and depth-2 predictions and on no other start's (their keys come from real entries).
+    s = 7
+    batch = rollout(drafter, ids, hidden, depth=3)
+    grads = torch.autograd.grad(batch[2][0, s].sum(), batch[:2], retain_graph=True)
+    for grad in grads:
+        touched = grad.abs().sum(-1) > 0
+        assert touched[0, s] and touched.sum() == 1
+    drafter.zero_grad()
+    batch[2].sum().backward()
+    assert drafter.fc.weight.grad.abs().sum() > 0 and drafter.layer.mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+def test_the_loss_at_depth_d_scores_start_s_against_the_targets_of_position_s_plus_d():
+    target = tiny_lm(seed=4)
+    gen = torch.Generator().manual_seed(2)
+    chunks = [torch.randint(3, 30, (n,), generator=gen) for n in (16, 11)]
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    hidden = torch.zeros(2, 16, 64)
+    labels = torch.full((2, 16), -1)
+    for b, x in enumerate(chunks):
+        f, g = _forward(target, x)
+        ids[b, :len(x)], hidden[b, :len(x)], labels[b, :len(x)] = x, f, g
+    labels[0, 2] = labels[1, 6] = -1  # not learned
+    labels[0, 9] = 95                  # past the drafter's 90 ids: its feature is learned, its token not
+    V = 90
+    drafter = _copying_drafter(target, V)  # every depth from s predicts f_s
+    head = drafter.logits
+    losses = depth_losses(drafter, head, ids, hidden, labels, depth=4)
+    assert losses.shape == (4, 2)
+    with torch.no_grad():
+        for d in range(1, 5):
+            predicted, wanted, label = [], [], []
+            for b, x in enumerate(chunks):
+                for s in range(len(x) - d):
+                    if labels[b, s + d] >= 0:
+                        predicted.append(hidden[b, s])
+                        wanted.append(hidden[b, s + d])
+                        label.append(int(labels[b, s + d]))
+            predicted, wanted, label = torch.stack(predicted), torch.stack(wanted), torch.tensor(label)
+            scored = label < V
+            expected = [torch.nn.functional.smooth_l1_loss(predicted, wanted),
+                        torch.nn.functional.cross_entropy(head(predicted[scored]), label[scored])]
+            torch.testing.assert_close(losses[d - 1], torch.stack(expected).float(), rtol=1e-5, atol=1e-6)
+    # Depth 1 is the teacher-forced training: one causal pass over the real entries (f_t, x_{t+1}).
+    drafter = random_drafter(target, V, seed=1)
+    predicted = drafter(ids[:, 1:], hidden[:, :-1])
+    learned = labels[:, 1:] >= 0
+    scored = learned & (labels[:, 1:] < V)
+    teacher_forced = torch.stack([
+        torch.nn.functional.smooth_l1_loss(predicted[learned], hidden[:, 1:][learned]),
+        torch.nn.functional.cross_entropy(head(predicted[scored]), labels[:, 1:][scored])])
+    torch.testing.assert_close(depth_losses(drafter, drafter.logits, ids, hidden, labels, depth=1)[0],
+                               teacher_forced.float(), rtol=1e-5, atol=1e-6)
+
+
+def _copying_drafter(target, draft_vocab_size=32_768):
     """A drafter whose prediction is its input feature: fc = [0 | I], the layer's attention and
     MLP outputs zero, so depth d from position s scores ``lm_head(f_s)``."""
-    drafter = EagleDrafter.for_target(target)
+    drafter = EagleDrafter.for_target(target, draft_vocab_size)
     H = drafter.config.hidden_size
     with torch.no_grad():
         drafter.fc.weight.copy_(torch.cat([torch.zeros(H, H), torch.eye(H)], 1))
@@ -146,7 +222,7 @@ def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys)
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
 
     printed = capsys.readouterr().out
-    assert "[eagle] epoch 8: held-out top-1 at depth 1" in printed and "depth  predicts  top-1" in printed
+    assert "[eagle] epoch 8: held-out top-1 at depths 1-5" in printed and "depth  predicts  top-1" in printed
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["top1"] == m["top1"] and saved["rank_accuracy"] == drafter.rank_accuracy.tolist()
 
@@ -169,7 +245,7 @@ def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_
     forwards = []
     model.get_decoder().register_forward_hook(lambda *args: forwards.append(1))
     settings = dict(num_tokens=1500, draft_vocab_size=90, data=repeating_text(tmp_path), chunk_tokens=100,
-                    epochs=3, batch_size=2, lr=3e-3, cache_dir=tmp_path / "cache", verbose=False)
+                    epochs=3, train_depth=2, batch_size=2, lr=3e-3, cache_dir=tmp_path / "cache", verbose=False)
     whole = specdec.train_eagle(model, CharTokenizer(), tmp_path / "whole", **settings)
     assert len(forwards) == 15  # one per chunk, the first time
 
@@ -190,6 +266,8 @@ def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_
     with pytest.raises(ValueError, match=r"\(draft_vocab_size, epochs differ\)"):
         specdec.train_eagle(model, CharTokenizer(), tmp_path / "resumed", resume=True,
                             **{**settings, "epochs": 4, "draft_vocab_size": 80})
+    with pytest.raises(ValueError, match=r"\(train_depth differ\)"):
+        specdec.train_eagle(model, CharTokenizer(), tmp_path / "resumed", resume=True, **{**settings, "train_depth": 1})
     resumed = specdec.train_eagle(model, CharTokenizer(), tmp_path / "resumed", resume=True, **settings)
     assert forwards == []  # the target never ran again: the features came from the cache
     untrained = EagleDrafter.for_target(model, 90).weights()
@@ -212,6 +290,11 @@ def test_missing_files_and_bad_settings(tmp_path):
         EagleTrainConfig(depth=0)
     with pytest.raises(ValueError, match="lr must be > 0"):
         EagleTrainConfig(lr=0.0)
+    with pytest.raises(ValueError, match="train_depth must be >= 1, got 0"):
+        specdec.train_eagle(model, CharTokenizer(), tmp_path / "o", train_depth=0)
+    for decay in (0.0, 1.5):
+        with pytest.raises(ValueError, match=f"depth_decay must be in \\(0, 1\\], got {decay}"):
+            EagleTrainConfig(depth_decay=decay)
     with pytest.raises(ValueError, match="chunk_tokens must be >= 32"):
         specdec.train_eagle(model, CharTokenizer(), tmp_path / "o", chunk_tokens=8)
 
@@ -245,14 +328,15 @@ def test_cli_train_eagle_passes_its_flags(tmp_path, monkeypatch):
     data = tmp_path / "d.txt"
     data.write_text("text")
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--tokens", "5000",
-              "--draft-vocab-size", "1000", "--data", str(data), "--epochs", "3", "--resume"])
+              "--draft-vocab-size", "1000", "--data", str(data), "--epochs", "3", "--train-depth", "2", "--resume"])
     assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
-    assert calls["kwargs"] == dict(num_tokens=5000, draft_vocab_size=1000, data=[str(data)], epochs=3, resume=True)
+    assert calls["kwargs"] == dict(num_tokens=5000, draft_vocab_size=1000, data=[str(data)], epochs=3,
+                                   train_depth=2, resume=True)
     assert calls["no_accelerate"]  # the drafter copies the target's last layer: left unpacked
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", "o"])
     defaults = EagleTrainConfig()
     assert calls["kwargs"] == dict(num_tokens=defaults.num_tokens, draft_vocab_size=defaults.draft_vocab_size,
-                                   data=None, epochs=defaults.epochs, resume=False)
+                                   data=None, epochs=defaults.epochs, train_depth=defaults.train_depth, resume=False)
 
     def no_models(args):
         raise AssertionError("the model was loaded before --data was checked")

@@ -152,7 +152,7 @@ def cmd_train_eagle(args: argparse.Namespace) -> None:
     _check_data(args)
     target, tokenizer, _ = common.load_models(args)
     train_eagle(target, tokenizer, args.out, num_tokens=args.tokens, draft_vocab_size=args.draft_vocab_size,
-                data=args.data, epochs=args.epochs, resume=args.resume)
+                data=args.data, epochs=args.epochs, train_depth=args.train_depth, resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "tokens of text run through the target (a forward over them, cached with train-medusa's)")
     e.add_argument("--draft-vocab-size", type=int, default=eagle.draft_vocab_size,
                    help="the drafter scores token ids below N (the LM head's lowest rows)")
+    e.add_argument("--train-depth", type=int, default=eagle.train_depth,
+                   help="depths trained drafting from its own features (1: teacher-forced only; each "
+                        "depth costs about one more epoch's time)")
     # The target is left unprepared, as train_eagle was first measured (EagleDrafter.for_target
     # now unpacks a prepared layer too; preparing the target here is untried).
     e.set_defaults(func=cmd_train_eagle, no_accelerate=True)

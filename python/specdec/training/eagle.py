@@ -19,11 +19,20 @@ Entry t of the drafter reads ``(f_t, x_{t+1})`` (t = 0 .. n - 2) and learns
   would drown the regression; it aligns the features with the tokens that decide acceptance).
   Ids past the drafter's vocabulary are not learned (their feature still is).
 
-Only positions whose label is learned count. A batch is a few whole chunks, right-padded: the
-drafter is causal, so padding never reaches a real position, and it is left out of the losses.
-Every ``heldout_every``-th chunk is held out: its accuracy is measured drafting from the
-drafter's own features (:mod:`specdec.training.eagle_rollout`), as decoding drafts. The
-training checkpoints every epoch in ``out_dir`` and ``resume=True`` continues it
+Training-time test (EAGLE-3's): at decode time depths 2 and beyond read the drafter's own
+predicted features, which teacher forcing never shows it. So each batch is rolled out to depth
+``train_depth`` (:func:`specdec.training.eagle_rollout.rollout`, the function the held-out
+accuracy drafts with, here with gradients through the fed-back features): the depth-d entry of
+the draft started at s reads the feature its depth-(d-1) entry predicted and the text's token
+``x_{s+d}``, and learns ``f_{s+d}`` and ``labels[s + d]`` with the two losses above, weighted
+``depth_decay ** (d - 1)``; depth 1 is the teacher-forced entry t = s. Each depth costs about
+one more epoch's time.
+
+Only positions whose label is learned count. A batch is a few whole chunks, right-padded: a
+draft's entries see positions up to its start only, so padding never reaches a real position,
+and it is left out of the losses. Every ``heldout_every``-th chunk is held out: its accuracy is
+measured drafting from the drafter's own features, as decoding drafts, after every epoch and at
+the end. The training checkpoints every epoch in ``out_dir`` and ``resume=True`` continues it
 (:mod:`specdec.training.loop`).
 """
 
@@ -44,12 +53,12 @@ from torch import Tensor, nn
 from specdec.model.prepare import dense_weight
 from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.training.corpus import DataFiles
-from specdec.training.eagle_rollout import evaluate
+from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.features import Features
 from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings, fit,
                                    training_data, write_results)
 
-__all__ = ["EagleTrainConfig", "cached_eagle", "train_eagle"]
+__all__ = ["EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,9 @@ class EagleTrainConfig:
     whole chunks per step. ``heldout_every``: every n-th chunk is held out. ``feature_weight``,
     ``token_weight``: the losses' weights (the module's docstring says why these).
     ``grad_clip``: the gradient's norm is clipped to it (EAGLE's 0.5). ``depth``: the held-out
-    accuracy is measured at depths 1 .. depth.
+    accuracy is measured at depths 1 .. depth. ``train_depth``: the depths trained drafting from
+    the drafter's own features (1: teacher-forced only); ``depth_decay``: depth d's losses are
+    weighted ``depth_decay ** (d - 1)`` (EAGLE-3's 0.8, not tuned here).
     """
 
     num_tokens: int = 20_000
@@ -75,12 +86,17 @@ class EagleTrainConfig:
     token_weight: float = 0.1
     grad_clip: float = 0.5
     depth: int = 5
+    train_depth: int = 3
+    depth_decay: float = 0.8
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_settings(self, "train_eagle", ("num_tokens", "draft_vocab_size", "epochs", "batch_size", "depth"))
+        check_settings(self, "train_eagle", ("num_tokens", "draft_vocab_size", "epochs", "batch_size", "depth",
+                                             "train_depth"))
         if not self.lr > 0:
             raise ValueError(f"train_eagle: lr must be > 0, got {self.lr}")
+        if not 0 < self.depth_decay <= 1:
+            raise ValueError(f"train_eagle: depth_decay must be in (0, 1], got {self.depth_decay}")
 
 
 def train_eagle(
@@ -92,6 +108,7 @@ def train_eagle(
     data: DataFiles = None,
     *,
     epochs: int = 10,
+    train_depth: int = 3,
     batch_size: int = 4,
     lr: float = 5e-4,
     chunk_tokens: int = 256,
@@ -111,18 +128,23 @@ def train_eagle(
     own features, and the per-rank table ``[depth, ranks]``, as Medusa's per head; also in
     ``config.json`` and on the returned drafter), and ``out_dir/checkpoint/`` after every
     epoch; ``resume=True`` continues from there with the same settings. ``batch_size`` counts
-    whole chunks (of ``chunk_tokens``). The target is not changed (its parameters are frozen
-    while the drafter trains, then as they were).
+    whole chunks (of ``chunk_tokens``). ``train_depth``: depths 2 .. train_depth are trained
+    drafting from the drafter's own features, as decoding drafts (the module's docstring). The
+    target is not changed (its parameters are frozen while the drafter trains, then as they
+    were).
 
     Budget: the target's forward over ``num_tokens`` tokens (the features; cached) and, per
-    epoch, the drafter's forward and backward over them: one decoder layer, ``fc`` and the
-    reduced LM head, about ``3 * layer + 2 * fc + 2 * head`` multiply-adds per position, in
-    parameters (the forward, then both gradients of the layer, only the weight's of ``fc``,
-    whose inputs are data, only the input's of the frozen head): 0.1 GFLOP per position for
-    SmolLM2-135M, 0.5 for Qwen2.5-Coder-1.5B, so the defaults are sized to train the 1.5B in
-    about 20 minutes on a 2-core CPU. AdamW at 5e-4, gradient norm clipped to 0.5, decayed by a
-    cosine over batches of 4 chunks. Give more tokens where the budget allows (``--tokens``).
-    Measured times and accuracies: docs/benchmarks.md ("EAGLE and Medusa").
+    epoch and trained depth, the drafter's forward and backward over them: one decoder layer,
+    ``fc`` and the reduced LM head, about ``3 * layer + 2 * fc + 2 * head`` multiply-adds per
+    position, in parameters (the forward, then both gradients of the layer, only the weight's of
+    ``fc``, whose inputs are data, only the input's of the frozen head): 0.1 GFLOP per position
+    for SmolLM2-135M, 0.5 for Qwen2.5-Coder-1.5B. An epoch at ``train_depth`` 3 costs about
+    three teacher-forced ones: on a 2-core CPU about 9 minutes for SmolLM2's ten (its
+    teacher-forced epoch took 17 s), while the 1.5B's teacher-forced epoch took about 2.5
+    minutes: it needs fewer epochs (``epochs=4``) to stay near half an hour. AdamW at 5e-4,
+    gradient norm clipped to 0.5, decayed by a cosine over batches of 4 chunks. Give more tokens
+    where the budget allows (``--tokens``). Measured times and accuracies: docs/benchmarks.md
+    ("EAGLE and Medusa").
 
     Example (a tiny random model and a one-id-per-character tokenizer, a second or two):
         >>> import pathlib, tempfile
@@ -146,7 +168,7 @@ def train_eagle(
         >>> tmp.cleanup()
     """
     cfg = EagleTrainConfig(num_tokens=num_tokens, draft_vocab_size=draft_vocab_size, chunk_tokens=chunk_tokens,
-                           epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+                           epochs=epochs, train_depth=train_depth, batch_size=batch_size, lr=lr, seed=seed)
     out = Path(out_dir)
     say = Reporter(verbose, "eagle")
     started = time.perf_counter()
@@ -168,8 +190,9 @@ def train_eagle(
         f"{int((heldout_labels >= 0).sum())} held-out")
 
     def heldout_top1(epoch: int) -> str:
-        accuracy, _ = evaluate(drafter, ids, features, depth=1, head=head)
-        return f"[eagle] epoch {epoch}: held-out top-1 at depth 1 {float(accuracy[0, 0]):.3f}"
+        accuracy, _ = evaluate(drafter, ids, features, depth=cfg.depth, head=head)
+        return (f"[eagle] epoch {epoch}: held-out top-1 at depths 1-{cfg.depth} "
+                + " / ".join(f"{a:.3f}" for a in accuracy[:, 0].tolist()))
 
     with _frozen(model):
         train_s = _train(drafter, head, ids, features, train, cfg, out / CHECKPOINT, resume, say, heldout_top1)
@@ -203,17 +226,13 @@ def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor,
            chunks: Tensor, cfg: EagleTrainConfig, checkpoint: Path, resume: bool, say: Reporter,
            after_epoch: Callable[[int], str]) -> float:
     state = {"features": features.digest(), **asdict(cfg)}
-    V = drafter.config.draft_vocab_size
+    weights = torch.tensor([cfg.depth_decay ** d for d in range(cfg.train_depth)])
+    per_loss = torch.tensor([cfg.feature_weight, cfg.token_weight])
 
     def batch_loss(batch: Tensor) -> Tensor:
-        tokens, inputs, targets, labels = _batch(drafter, ids, features, batch)
-        predicted = drafter(tokens, inputs)  # [B, T, H]
-        learned = labels >= 0
-        scored = learned & (labels < V)
-        loss = cfg.feature_weight * F.smooth_l1_loss(predicted[learned], targets[learned])
-        if scored.any():
-            loss = loss + cfg.token_weight * F.cross_entropy(head(predicted[scored]), labels[scored])
-        return loss
+        tokens, hidden, labels = _batch(ids, features, batch)
+        losses = depth_losses(drafter, head, tokens, hidden, labels, cfg.train_depth)
+        return weights[:len(losses)].to(losses) @ (losses @ per_loss.to(losses))
 
     def restore(path: Path) -> None:
         saved = EagleDrafter.load(path).weights()
@@ -226,25 +245,43 @@ def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor,
                desc="drafter", grad_clip=cfg.grad_clip, after_epoch=after_epoch)
 
 
-def _batch(drafter: EagleDrafter, ids: Tensor, features: Features, chunks: Tensor,
-           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Whole chunks, right-padded to the longest: the drafter's inputs ``x_{t+1}`` ``[B, T]``
-    and ``f_t`` ``[B, T, H]``, its targets ``f_{t+1}`` ``[B, T, H]`` and ``labels[t + 1]``
-    ``[B, T]`` (-1 in the padding)."""
+def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor, hidden: Tensor,
+                 labels: Tensor, depth: int) -> Tensor:
+    """``[depth, 2]``: per depth d = 1 .. ``depth`` of the drafter's :func:`rollout` over the
+    chunks ``ids [B, n]`` (features ``hidden [B, n, H]``, the target's labels ``labels [B, n]``,
+    -1 where not learned and in the padding), the feature loss (smooth-L1 against ``f_{s+d}``)
+    and the token loss (cross-entropy of ``head``'s scores against ``labels[s + d]``) averaged
+    over the starts s whose label is learned (0 where none is; the token loss only over labels
+    the head scores). Deeper entries are fed the text's tokens: the labels and features they
+    learn were computed after those (the target's greedy tokens, which decoding's accepted
+    drafts follow, would leave an entry's input and its targets on different paths wherever the
+    text leaves the greedy one)."""
+    rows = []
+    for d, predicted in enumerate(rollout(drafter, ids, hidden, depth), 1):
+        target = hidden[:, d:].to(predicted.device, predicted.dtype)
+        label = labels[:, d:].to(predicted.device)
+        learned = label >= 0
+        scored = learned & (label < drafter.config.draft_vocab_size)
+        zero = predicted.new_zeros(())
+        feature = F.smooth_l1_loss(predicted[learned], target[learned]) if learned.any() else zero
+        token = F.cross_entropy(head(predicted[scored]), label[scored]) if scored.any() else zero
+        rows.append(torch.stack([feature, token]))
+    return torch.stack(rows)
+
+
+def _batch(ids: Tensor, features: Features, chunks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Whole chunks, right-padded to the longest: their tokens ``[B, n]``, the target's
+    features ``[B, n, H]`` and labels ``[B, n]`` (-1 in the padding)."""
     spans = [(int(features.offsets[c]), int(features.offsets[c + 1])) for c in chunks.tolist()]
-    B, T, H = len(spans), max(b - a for a, b in spans) - 1, features.hidden.shape[1]
-    tokens = torch.zeros(B, T, dtype=torch.long)
-    inputs = torch.zeros(B, T, H, dtype=drafter.dtype)
-    targets = torch.zeros(B, T, H, dtype=drafter.dtype)
-    labels = torch.full((B, T), -1, dtype=torch.long)
+    B, n, H = len(spans), max(b - a for a, b in spans), features.hidden.shape[1]
+    tokens = torch.zeros(B, n, dtype=torch.long)
+    hidden = torch.zeros(B, n, H, dtype=features.hidden.dtype)
+    labels = torch.full((B, n), -1, dtype=torch.long)
     for i, (a, b) in enumerate(spans):
-        n = b - a - 1
-        tokens[i, :n] = ids[a + 1: b]
-        inputs[i, :n] = features.hidden[a: b - 1]
-        targets[i, :n] = features.hidden[a + 1: b]
-        labels[i, :n] = features.labels[a + 1: b]
-    device = drafter.fc.weight.device
-    return tokens.to(device), inputs.to(device), targets.to(device), labels.to(device)
+        tokens[i, :b - a] = ids[a: b]
+        hidden[i, :b - a] = features.hidden[a: b]
+        labels[i, :b - a] = features.labels[a: b]
+    return tokens, hidden, labels
 
 
 def _head(model: nn.Module, n: int, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:

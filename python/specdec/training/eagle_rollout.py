@@ -1,6 +1,7 @@
-"""Held-out accuracy of an EAGLE drafter drafting from its own features, as decoding drafts:
-:func:`rollout` (the predicted features at depths 1..d from every position of a chunk, in d
-passes) and :func:`evaluate` (the per-rank accuracy table, as Medusa's per head)."""
+"""An EAGLE drafter drafting from its own features, as decoding drafts: :func:`rollout` (the
+predicted features at depths 1..d from every position of a chunk, in d passes; what the
+training's test of deeper depths learns from) and :func:`evaluate` (the held-out per-rank
+accuracy table, as Medusa's per head)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,22 @@ from specdec.training.features import Features
 __all__ = ["evaluate", "rollout"]
 
 
-@torch.no_grad()
 def rollout(drafter: EagleDrafter, ids: Tensor, hidden: Tensor, depth: int, greedy: Tensor | None = None,
             ) -> list[Tensor]:
     """The features the drafter predicts over one chunk when it drafts from its own features,
     for depths 1 .. ``depth``: entry ``[s]`` of the d-th tensor (``[n - d, H]``) is the feature
     predicted at depth d by a draft that starts after the chunk's position s + 1, i.e. from
     ``(f_s, x_{s+1})``; it scores the token for position s + d + 1, whose target is the
-    target's ``labels[s + d]`` (so depth d is comparable with Medusa's head d at position s).
+    target's ``labels[s + d]`` (so depth d is comparable with Medusa's head d at position s),
+    and its feature target is ``f_{s+d}``.
 
-    ``ids [n]``: the chunk's tokens ``x``; ``hidden [n, H]``: the target's features ``f``.
+    ``ids [n]``: the chunk's tokens ``x``; ``hidden [n, H]``: the target's features ``f``. Or a
+    batch of chunks, right-padded: ``ids [B, n]``, ``hidden [B, n, H]`` (``greedy [B, n]``),
+    giving ``[B, n - d, H]`` per depth; padding never reaches a real entry (a start sees
+    positions up to its own only). Differentiable: the held-out accuracy
+    (:func:`evaluate`) runs it without gradients, the training's test of depths 2 and beyond
+    (:func:`specdec.training.eagle.train_eagle`) with them, through the fed-back features and
+    the cache.
 
     As in decoding, a draft starting at s runs on the drafter's cache of the real entries
     ``(f_j, x_{j+1})``, j <= s, and then feeds itself: its depth-d entry (d >= 2) sits at
@@ -47,9 +54,9 @@ def rollout(drafter: EagleDrafter, ids: Tensor, hidden: Tensor, depth: int, gree
         >>> drafter = EagleDrafter.for_target(target)
         >>> x = torch.tensor([3, 9, 4, 7, 5, 8])
         >>> f = target.model(x[None]).last_hidden_state[0].detach()
-        >>> depth1, depth2 = rollout(drafter, x, f, depth=2)
-        >>> s = 2  # a draft from (f_2, x_3): the real entries 0..2, then its prediction with x_4
         >>> with torch.no_grad():
+        ...     depth1, depth2 = rollout(drafter, x, f, depth=2)
+        ...     s = 2  # a draft from (f_2, x_3): the real entries 0..2, then its prediction with x_4
         ...     first = drafter(x[None, 1:s + 2], f[None, :s + 1])[0, -1]
         ...     second = drafter(x[None, 1:s + 3], torch.cat([f[:s + 1], first[None]])[None])[0, -1]
         >>> torch.allclose(depth1[s], first, atol=1e-5), torch.allclose(depth2[s], second, atol=1e-5)
@@ -57,12 +64,15 @@ def rollout(drafter: EagleDrafter, ids: Tensor, hidden: Tensor, depth: int, gree
     """
     from transformers import DynamicCache
 
+    if ids.dim() == 1:
+        chunk = None if greedy is None else greedy[None]
+        return [p[0] for p in rollout(drafter, ids[None], hidden[None], depth, chunk)]
     device = drafter.fc.weight.device
-    n = len(ids)
+    n = ids.shape[1]
     x, f = ids.to(device), hidden.to(device, drafter.dtype)
-    feed = x[1:]  # feed[j]: the token for position j + 1
+    feed = x[:, 1:]  # feed[:, j]: the token for position j + 1
     if greedy is not None:
-        g = greedy.to(device).long()[:-1]
+        g = greedy.to(device).long()[:, :-1]
         feed = torch.where(g >= 0, g, feed)
     decoder = drafter.model.get_decoder()
     cache = DynamicCache(config=drafter.model.config)
@@ -75,17 +85,17 @@ def rollout(drafter: EagleDrafter, ids: Tensor, hidden: Tensor, depth: int, gree
             break
         s = torch.arange(m, device=device)
         if d == 1:
-            tokens, features = x[1:], f[:-1]                       # the real entries (f_s, x_{s+1})
+            tokens, features = x[:, 1:], f[:, :-1]                           # the real entries (f_s, x_{s+1})
         else:
-            tokens, features = feed[s + d - 1], predicted[-1][:m]  # (own f_{s+d-1}, token for s + d)
+            tokens, features = feed[:, d - 1: d - 1 + m], predicted[-1][:, :m]  # (own f_{s+d-1}, token for s + d)
         key_start.append(s)
         key_depth.append(torch.full((m,), d, device=device))
         starts, depths = torch.cat(key_start), torch.cat(key_depth)
         # Start s sees the real entries up to its own and the entries of its own draft.
         mask = torch.where(depths == 1, starts <= s[:, None], starts == s[:, None])
-        out = decoder(inputs_embeds=drafter.inputs(tokens[None], features[None]), attention_mask=mask[None, None],
+        out = decoder(inputs_embeds=drafter.inputs(tokens, features), attention_mask=mask[None, None],
                       position_ids=(s + d - 1)[None], cache=cache, use_cache=True)
-        predicted.append(out.last_hidden_state[0])
+        predicted.append(out.last_hidden_state)
     return predicted
 
 
