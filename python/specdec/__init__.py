@@ -30,7 +30,7 @@ _LAZY = {
     "Proposal": "specdec.loop.protocol",
     "StepResult": "specdec.loop.protocol",
     "Context": "specdec.loop.protocol",
-    "DraftModel": "specdec.proposers.draft.proposer",
+    "DraftModel": "specdec.proposers.draft.method",
     "PromptLookup": "specdec.proposers.prompt_lookup",
     "Lookahead": "specdec.proposers.lookahead",
     "Medusa": "specdec.proposers.medusa.proposer",

@@ -10,7 +10,7 @@ import torch
 
 # The modules whose ``time.perf_counter`` sizes passes or paces batches.
 TIMED_MODULES = ("specdec.loop.run", "specdec.loop.shape_choice", "specdec.proposers.draft.proposer",
-                 "specdec.proposers.ensemble", "specdec.proposers.eagle.proposer")
+                 "specdec.proposers.draft.lookup", "specdec.proposers.ensemble", "specdec.proposers.eagle.proposer")
 
 
 class SyntheticClock:

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from specdec import ops
 from specdec.loop.cost_model import EXPLORE_EVERY, CostModel, RunningMean
-from specdec.proposers.draft.proposer import DraftModel, draft_proposer
+from specdec.proposers.draft.method import DraftModel
+from specdec.proposers.draft.proposer import draft_proposer
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.loop.shape_choice import choice_for
 from specdec.model.forward import node_layout
