@@ -235,33 +235,25 @@ def main(args: argparse.Namespace) -> None:
                 specdec.Medusa(heads), dict(sampled, typical=specdec.TypicalAcceptance(eps)))
     if args.eagle:
         ours["specdec_eagle"] = (specdec.Eagle(eagle_drafter(args, target, tok)), {})
-    if draft is not None and args.defaults:
+    if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
-        head = args.draft_vocab_size or None
-        ours["specdec_draft"] = (specdec.DraftModel(draft), {})
-        if head:
-            ours[f"specdec_draft_head{head}"] = (specdec.DraftModel(draft, draft_vocab_size=head), {})
-        for k in args.draft_trees:
-            ours[f"specdec_draft_tree{k}"] = (specdec.DraftModel(
-                draft, draft_vocab_size=head, tree="dynamic", top_k=k), {})
-        ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(draft)), {})
-    elif draft is not None:
-        hf["hf_assisted"] = dict(assistant_model=draft)
+        # With --defaults every DraftModel as a user calls it, else with fixed settings.
         # Chains drafted token by token (lookup=0), then taking copies (the default for one row).
-        ours["specdec_draft"] = (specdec.DraftModel(draft, num_draft_tokens=8, adaptive=True, lookup=0), {})
+        fixed = {} if args.defaults else dict(num_draft_tokens=8, adaptive=True, lookup=0)
         head = args.draft_vocab_size or None  # 0: the full head
+        ours["specdec_draft"] = (specdec.DraftModel(draft, **fixed), {})
         if head:
-            ours[f"specdec_draft_head{head}"] = (specdec.DraftModel(
-                draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, lookup=0), {})
-        for k in args.draft_trees:
+            ours[f"specdec_draft_head{head}"] = (specdec.DraftModel(draft, **fixed, draft_vocab_size=head), {})
+        for k in args.draft_trees:  # lookup's default (None): an adaptive tree's chain steps copy
             ours[f"specdec_draft_tree{k}"] = (specdec.DraftModel(
-                draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, tree="dynamic", top_k=k), {})
-        ours["specdec_draft_lookup"] = (specdec.DraftModel(
-            draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, lookup=8), {})
-        # Prompt lookup's candidates first, the draft where they do not pay (the reduced head if
-        # asked, taking copies as specdec_draft_lookup does).
-        ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(
-            draft, num_draft_tokens=8, adaptive=True, draft_vocab_size=head, lookup=8)), {})
+                draft, **dict(fixed, lookup=None), draft_vocab_size=head, tree="dynamic", top_k=k), {})
+        # Without --defaults, the draft taking copies: its own row, and the hybrid's draft.
+        copying = {} if args.defaults else dict(fixed, lookup=8, draft_vocab_size=head)
+        if not args.defaults:
+            ours["specdec_draft_lookup"] = (specdec.DraftModel(draft, **copying), {})
+        # Prompt lookup's candidates first, the draft where they do not pay (without --defaults:
+        # the reduced head if asked, taking copies as specdec_draft_lookup does).
+        ours["specdec_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(draft, **copying)), {})
     if args.methods:
         unknown = set(args.methods) - {"plain", *hf, *ours, *others}
         if unknown:
