@@ -139,9 +139,8 @@ def train_eagle(
     position, in parameters (the forward, then both gradients of the layer, only the weight's of
     ``fc``, whose inputs are data, only the input's of the frozen head): 0.1 GFLOP per position
     for SmolLM2-135M, 0.5 for Qwen2.5-Coder-1.5B. An epoch at ``train_depth`` 3 costs about
-    three teacher-forced ones: on a 2-core CPU about 9 minutes for SmolLM2's ten (its
-    teacher-forced epoch took 17 s), while the 1.5B's teacher-forced epoch took about 2.5
-    minutes: it needs fewer epochs (``epochs=4``) to stay near half an hour. AdamW at 5e-4,
+    three teacher-forced ones, so the defaults suit a small model; give a larger one fewer
+    epochs. AdamW at 5e-4,
     gradient norm clipped to 0.5, decayed by a cosine over batches of 4 chunks. Give more tokens
     where the budget allows (``--tokens``). Measured times and accuracies: docs/benchmarks.md
     ("EAGLE and Medusa").
