@@ -34,7 +34,54 @@ class RecordingDrafter(EagleDrafter):
         return super().inputs(input_ids, features)
 
 
-def test_every_committed_entry_pairs_a_hidden_state_with_the_next_token():
+class Schedule:
+    """Stands in for the proposer's `ShapeChoice`: the shapes in a fixed cycle; notes how many
+    drafter inputs had been fed when each step chose."""
+
+    def __init__(self, shapes, cycle, fed):
+        self.shapes, self.cycle, self.fed = shapes, cycle, fed
+        self.current, self.picks, self.fed_before = None, [], []
+
+    def choose(self, budgeted=False):
+        # A step whose node budget the loop set keeps the full shape, untimed, as ShapeChoice does.
+        pick = self.cycle[len(self.picks) % len(self.cycle)]
+        self.current = None if budgeted else self.shapes.index(pick)
+        self.picks.append("budgeted" if budgeted else pick)
+        self.fed_before.append(len(self.fed))
+        return self.current or 0
+
+    def emitted(self, accept_len, live, contained=None):
+        pass
+
+
+class Watched(specdec.Eagle):
+    """Eagle that notes whether each step drafted; given a ``cycle``, its steps take those
+    shapes in turn."""
+
+    cycle = None
+
+    def start(self, *args):
+        proposer = super().start(*args)
+        if self.cycle:
+            self.schedule = proposer.shape = Schedule(proposer.shape.shapes, self.cycle, self.drafter.fed)
+        propose, self.drafted = proposer.propose, []
+
+        def watched(ctx):
+            proposal = propose(ctx)
+            self.drafted.append(proposal.tokens.shape[1] > 1)
+            return proposal
+
+        proposer.propose = watched
+        return proposer
+
+
+class Scheduled(Watched):
+    cycle = ("none", "none", "tree", "none", "chain", "tree", "none", "none", "none", "tree")
+
+
+@pytest.mark.parametrize("schedule", [False, True], ids=["every-step-drafts", "root-only-steps"])
+def test_every_committed_entry_pairs_a_hidden_state_with_the_next_token(schedule):
+    # With root-only steps the entries wait and are fed in one pass when the drafter next drafts.
     target = tiny_lm("qwen2", seed=42)
     drafter = random_drafter(target, seed=3)
     recording = RecordingDrafter(drafter.config)
@@ -42,8 +89,18 @@ def test_every_committed_entry_pairs_a_hidden_state_with_the_next_token():
     recording.fed = []
     prompts = [PROMPTS[0], PROMPTS[2]]
     ids, mask = left_padded(prompts)
+    method = (Scheduled if schedule else Watched)(recording, top_k=2, max_draft_tokens=3, adaptive=schedule)
+    # (Without the batch's pacing, whose one-token steps would take the place of the cycle's.)
     out = specdec.generate(target, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], pad_token_id=2,
-                           method=specdec.Eagle(recording, top_k=2, max_draft_tokens=3, adaptive=False))
+                           method=method, batching=specdec.Batching(pace=False))
+    # The entries of the steps after the last that drafted wait (for a draft that never comes).
+    drafted = method.drafted
+    waiting = len(drafted) - max(i + 1 for i, d in enumerate(drafted) if d)
+    if schedule:
+        picks, fed_before = method.schedule.picks, method.schedule.fed_before
+        assert {"none", "chain", "tree"} <= set(picks)
+        # A root-only step runs no drafter pass.
+        assert all(fed_before[i + 1] == fed_before[i] for i in range(len(picks) - 1) if picks[i] == "none")
     for b, p in enumerate(prompts):
         tokens = torch.cat([t[b].reshape(-1) for t, _ in recording.fed])
         features = torch.cat([f[b].reshape(-1, f.shape[-1]) for _, f in recording.fed])
@@ -57,11 +114,10 @@ def test_every_committed_entry_pairs_a_hidden_state_with_the_next_token():
         assert bool((match.sum(1) <= 1).all())
         fed_at, t = match.nonzero(as_tuple=True)
         assert torch.equal(tokens[fed_at], torch.tensor(text)[t + 1]), "f_t fed with a token other than x_{t+1}"
-        # Every position but the last (the root's hidden state is computed by the next pass)
-        # was fed with the target's own.
-        assert set(t.tolist()) >= set(range(len(text) - 1))
-
-
+        # Every position but the last few (the root's hidden state is computed by the next
+        # pass; entries of the steps since the last draft wait for the next) was fed with the
+        # target's own.
+        assert set(t.tolist()) >= set(range(len(text) - 1 - waiting))
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("tree", [None, "dynamic"])
 def test_greedy_identity_ragged_batch(family, tree, device):

@@ -41,7 +41,9 @@ class Eagle(Method):
     verified as deterministic candidates whose first child at each node is the drafter's draw
     with the target's uniform at that position, so the output is what ``method=None`` samples
     with the same seed. The drafter's layer keeps its own KV cache; after each step the
-    accepted tokens are fed to it again with the target's real hidden states. Every prompt
+    accepted tokens are fed to it again with the target's real hidden states. A step that
+    drafts nothing runs no drafter pass: its token waits, and the drafter takes the waiting
+    tokens in one pass when it next drafts. Every prompt
     token's hidden state is needed at the start, so rows joining a running batch
     (``Batching(max_batch_size=...)``) compute their prompts whole instead of copying a cached
     prefix of a row already there (prompt prefixes shared within a batch still run once).
@@ -119,6 +121,8 @@ class _EagleProposer(Proposer):
         self.shape = choice_for(shapes, method.adaptive)
         self.live = torch.zeros(0)
         self.first: Tensor | None = None  # a tree step's nodes that are the drafter's first choices
+        self.drafted = False  # whether this step's pass holds drafted nodes
+        self.deferred: _Deferred | None = None  # root-only steps' entries, not yet fed
 
     def feed(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
         """Commits ``count[b]`` entries per row: tokens ``x_{t+1}`` with the target's hidden
@@ -134,8 +138,10 @@ class _EagleProposer(Proposer):
         branches = method.branches if shape in ("tree", None) else 1
         self.live, self.first = ~ctx.finished, None
         limit = ctx.node_budget(method.tree_nodes if branches > 1 else method.max_draft_tokens)
-        if limit == 0 or shape == "none":
+        self.drafted = limit > 0 and shape != "none"
+        if not self.drafted:
             return Proposal.root_only(ctx.roots())
+        self.flush()
         start = time.perf_counter()
         fed: list[Tensor] = []  # the drafter's predicted hidden state at every fed node, by slot
 
@@ -163,17 +169,31 @@ class _EagleProposer(Proposer):
     def update(self, ctx: Context, step: StepResult) -> None:
         if self.shape:
             self.shape.emitted(step.accept_len, self.live, self._contained(step))
-        # The entries of the committed tokens, with the target's hidden states along the
-        # accepted path (the drafted ones were fed the drafter's own predictions).
-        start = self.cache.lengths
+        start = self.cache.lengths if self.deferred is None else self.cache.lengths + self.deferred.count
         count = (ctx.lengths - 1 - start).clamp_min(0)
-        width = max(int(count.max()), 1)  # the step's one host read here
+        # The entries of the committed tokens, with the target's hidden states along the
+        # accepted path (the drafted ones were fed the drafter's own predictions). A row commits
+        # at most its accepted nodes and one more: the root's and theirs (zeros past a row's
+        # count: padding).
+        path = step.hidden_on_path()
+        # A step that drafted nothing needs no drafter pass: its entries (the root's, and in an
+        # ensemble the other members' accepted nodes) wait until the drafter next drafts.
+        width = max(int(count.max()), 1) if self.drafted else path.shape[1]  # a host read only to feed now
         columns = torch.arange(width, device=start.device)
         tokens = torch.gather(ctx.tokens, 1, (start[:, None] + 1 + columns).clamp_max(ctx.tokens.shape[1] - 1))
-        # A row commits at most its accepted nodes and one more: the root's and theirs
-        # (zeros past a row's count: padding).
-        features = step.hidden_on_path()[:, :width] * (columns < count[:, None])[..., None]
-        self.feed(tokens, features, count)
+        features = path[:, :width] * (columns < count[:, None])[..., None]
+        if self.drafted:
+            self.feed(tokens, features, count)
+        else:
+            self.deferred = self.deferred or _Deferred.empty(features)
+            self.deferred.add(tokens, features, count)
+
+    def flush(self) -> None:
+        """Feed the deferred entries of root-only steps, in one drafter pass."""
+        if self.deferred is not None:
+            deferred, self.deferred = self.deferred, None
+            width = max(int(deferred.count.max()), 1)
+            self.feed(deferred.tokens[:, :width], deferred.features[:, :width], deferred.count)
 
     def _contained(self, step: StepResult) -> dict[int, Tensor]:
         """What the shapes within this step's (those after it: tree, chain, none) would have had
@@ -189,8 +209,42 @@ class _EagleProposer(Proposer):
     def keep_rows(self, rows: Tensor) -> None:
         self.cache.keep_rows(rows)
         self.logp, self.feature = self.logp[rows], self.feature[rows]
+        if self.deferred is not None:
+            self.deferred = self.deferred.rows(rows)
 
     def join(self, other: _EagleProposer) -> None:
+        self.flush()
+        other.flush()
         self.cache.join(other.cache)
         self.logp = torch.cat([self.logp, other.logp])
         self.feature = torch.cat([self.feature, other.feature])
+
+
+@dataclass
+class _Deferred:
+    """Entries of steps that drafted nothing, not yet fed to the drafter: each row's in order,
+    right-padded (with zero features) to the longest row's."""
+
+    tokens: Tensor    # [B, P] x_{t+1}
+    features: Tensor  # [B, P, H] f_t, the target's
+    count: Tensor     # [B] entries per row
+
+    @classmethod
+    def empty(cls, features: Tensor) -> _Deferred:
+        B, _, H = features.shape
+        count = torch.zeros(B, dtype=torch.long, device=features.device)
+        return cls(count.new_zeros(B, 0), features.new_zeros(B, 0, H), count)
+
+    def add(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
+        """One step's entries: ``tokens [B, W]``, ``features [B, W, H]``, the first ``count[b]``
+        of row b (the rest padding, written past the row's entries)."""
+        B, W, H = features.shape
+        self.tokens = torch.cat([self.tokens, tokens.new_zeros(B, W)], 1)
+        self.features = torch.cat([self.features, features.new_zeros(B, W, H)], 1)
+        at = self.count[:, None] + torch.arange(W, device=count.device)
+        self.tokens.scatter_(1, at, tokens)
+        self.features.scatter_(1, at[..., None].expand(-1, -1, H), features)
+        self.count = self.count + count
+
+    def rows(self, rows: Tensor) -> _Deferred:
+        return _Deferred(self.tokens[rows], self.features[rows], self.count[rows])
