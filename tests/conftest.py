@@ -5,6 +5,12 @@ from support import DEVICES, cuda_sim
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Workers of `pytest -n N` share the machine's cores: each takes its share of torch threads.
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
 
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
