@@ -26,6 +26,24 @@ def test_oracle_drafter_is_accepted_whole(tree):
     assert out.stats.target_forwards == 1 + -(-(new - 1) // 6)
 
 
+def test_oracle_drafter_over_a_scattered_vocabulary_is_accepted_whole():
+    # The drafter's columns are not ids: each drafted column must become its id (vocab_ids[c])
+    # before the target verifies it and the drafter embeds it.
+    target = bigram_target()
+    prompt, new = PROMPTS[0], 31
+    greedy = hf_greedy(target, prompt, new)
+    keep = torch.arange(target.config.vocab_size) % 2 == 0
+    keep[greedy] = True
+    vocab = keep.nonzero().flatten()
+    vocab = vocab[torch.randperm(len(vocab), generator=torch.Generator().manual_seed(0))]  # any order
+    drafter = oracle_drafter(target, vocab_ids=vocab)
+    assert drafter.vocab_ids.tolist() == sorted(vocab.tolist()) and drafter.config.draft_vocab_size == len(vocab)
+    method = specdec.Eagle(drafter, tree=None, max_draft_tokens=5, adaptive=False)
+    out = specdec.generate(target, torch.tensor([prompt]), max_new_tokens=new, eos_token_id=[], method=method)
+    assert out.sequences[0, len(prompt):].tolist() == greedy
+    assert out.stats.target_forwards == 1 + -(-(new - 1) // 6)
+
+
 class RecordingDrafter(EagleDrafter):
     """Records every (token, feature) pair the drafter's layer is fed."""
 
@@ -171,12 +189,33 @@ def test_bad_arguments(tmp_path):
     (tmp_path / "d" / "drafter.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="drafter.safetensors"):
         EagleDrafter.load(tmp_path / "d")
+    config = drafter.config
+    for ids, message in ((torch.tensor([1, 2]), "2 vocab_ids for draft_vocab_size 96"),
+                         (torch.arange(95, 191), "distinct ids in 0..95"),
+                         (torch.cat([torch.arange(95), torch.tensor([3])]), "distinct ids in 0..95")):
+        with pytest.raises(ValueError, match=message):
+            EagleDrafter(config, ids)
+
+
+def test_a_drafter_saved_without_vocab_ids_scores_the_lowest_ids(tmp_path):
+    # Files written before drafters kept their vocabulary.
+    from safetensors.torch import load_file, save_file
+
+    target = tiny_lm("llama", seed=47)
+    path = random_drafter(target, draft_vocab_size=40).save(tmp_path / "d") / "drafter.safetensors"
+    state = load_file(str(path))
+    assert torch.equal(state.pop("vocab_ids"), torch.arange(40))
+    save_file(state, str(path))
+    loaded = EagleDrafter.load(tmp_path / "d")
+    assert torch.equal(loaded.vocab_ids, torch.arange(40))
+    assert_greedy_identity(target, PROMPTS[:2], specdec.Eagle(loaded, max_draft_tokens=3))
 
 
 def test_saved_drafter_proposes_the_same(tmp_path):
     target = tiny_lm("qwen2", seed=48)
-    drafter = random_drafter(target, seed=2)
+    drafter = random_drafter(target, seed=2, vocab_ids=torch.arange(0, target.config.vocab_size, 2))
     again = EagleDrafter.load(drafter.save(tmp_path / "d"))
+    assert torch.equal(again.vocab_ids, drafter.vocab_ids)
     runs = [specdec.generate(target, torch.tensor([PROMPTS[2]]), max_new_tokens=16, eos_token_id=[],
                              method=specdec.Eagle(d, max_draft_tokens=3, adaptive=False)) for d in (drafter, again)]
     assert [a.tolist() for a in runs[0].stats.accepted] == [a.tolist() for a in runs[1].stats.accepted]

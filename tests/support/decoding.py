@@ -80,8 +80,8 @@ METHODS = {
         specdec.Lookahead(window=2, ngram=3, guess_set=2, max_draft_tokens=0, adaptive=False), adaptive=False),
     "eagle tree": lambda draft: specdec.Eagle(random_drafter(draft), top_k=3, max_draft_tokens=3, adaptive=False,
                                               tree_nodes=8),
-    "eagle chain adaptive, reduced vocabulary": lambda draft: specdec.Eagle(
-        random_drafter(draft, draft_vocab_size=8), tree=None, max_draft_tokens=3),
+    "eagle chain adaptive, reduced vocabulary": lambda draft: specdec.Eagle(  # every third id: scattered columns
+        random_drafter(draft, vocab_ids=torch.arange(1, draft.config.vocab_size, 3)), tree=None, max_draft_tokens=3),
     "ensemble average": lambda draft: specdec.Ensemble(
         specdec.DraftModel(draft, 3), specdec.DraftModel(perturbed(draft, 0.5, seed=10), 3), mix="average"),
     "ensemble average, rejection sampling": lambda draft: specdec.Ensemble(

@@ -50,13 +50,14 @@ def cyclic_lm(family: str = "llama", seed: int = 5) -> torch.nn.Module:
 
 
 def random_drafter(target: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
-                   scale: float = 0.2):
+                   scale: float = 0.2, vocab_ids: torch.Tensor | None = None):
     """An untrained EAGLE drafter for ``target`` (its last layer, ``fc`` adding the token's
     embedding to the feature), with seeded noise on its weights (the output projections a
-    fresh drafter zeroes get some too): partly right proposals."""
+    fresh drafter zeroes get some too): partly right proposals. It scores ``vocab_ids``, or the
+    lowest ``draft_vocab_size`` ids (default: all)."""
     from specdec import EagleDrafter
 
-    drafter = EagleDrafter.for_target(target, draft_vocab_size or target.config.vocab_size)
+    drafter = EagleDrafter.for_target(target, draft_vocab_size or target.config.vocab_size, vocab_ids=vocab_ids)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -75,15 +76,17 @@ def bigram_target(family: str = "llama", seed: int = 41) -> torch.nn.Module:
     return target
 
 
-def oracle_drafter(target: torch.nn.Module, noise: float = 0.0, seed: int = 0):
+def oracle_drafter(target: torch.nn.Module, noise: float = 0.0, seed: int = 0,
+                   vocab_ids: torch.Tensor | None = None):
     """The EAGLE drafter that predicts a `bigram_target` exactly: its layer is the target's (the
     input norm only feeds the zeroed attention), ``fc`` passes the token's embedding and drops
     the feature, and without the final norm its logits are the target's scaled by a positive
     factor. ``noise``: seeded noise on the layer's weights, this many times their spread (its
-    first choices then sometimes wrong)."""
+    first choices then sometimes wrong). ``vocab_ids``: the ids it scores (default: all); where
+    the target's token is among them, it is the drafter's first choice."""
     from specdec import EagleDrafter
 
-    drafter = EagleDrafter.for_target(target, target.config.vocab_size)
+    drafter = EagleDrafter.for_target(target, target.config.vocab_size, vocab_ids=vocab_ids)
     H = target.config.hidden_size
     layer = {k: v for k, v in target.model.layers[0].state_dict().items() if not k.startswith("input_layernorm")}
     gen = torch.Generator().manual_seed(seed)

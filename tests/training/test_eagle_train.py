@@ -17,10 +17,10 @@ import specdec.training.loop as training_loop
 from specdec import cli
 from specdec.cli import common
 from specdec.proposers.eagle.drafter import EagleDrafter
-from specdec.training.eagle import EagleTrainConfig, depth_losses
+from specdec.training.eagle import EagleTrainConfig, depth_losses, vocabulary
 from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.corpus import build_chunks
-from specdec.training.features import Features, extract_features
+from specdec.training.features import Features, commonest_ids, extract_features
 
 
 def test_docstring_examples():
@@ -122,9 +122,11 @@ def test_the_loss_at_depth_d_scores_start_s_against_the_targets_of_position_s_pl
         f, g = _forward(target, x)
         ids[b, :len(x)], hidden[b, :len(x)], labels[b, :len(x)] = x, f, g
     labels[0, 2] = labels[1, 6] = -1  # not learned
-    labels[0, 9] = 95                  # past the drafter's 90 ids: its feature is learned, its token not
-    V = 90
-    drafter = _copying_drafter(target, V)  # every depth from s predicts f_s
+    labels[0, 9] = 95                  # outside the drafter's ids: its feature is learned, its token not
+    # 60 scattered ids (column c scores vocab[c]): the token loss is over columns, not ids.
+    vocab = torch.tensor(sorted(set(range(0, 96, 3)) | set(labels[labels >= 0].tolist()[:30]) - {95}))
+    column = {int(i): c for c, i in enumerate(vocab)}
+    drafter = _copying_drafter(target, vocab_ids=vocab)  # every depth from s predicts f_s
     head = drafter.logits
     losses = depth_losses(drafter, head, ids, hidden, labels, depth=4)
     assert losses.shape == (4, 2)
@@ -137,27 +139,29 @@ def test_the_loss_at_depth_d_scores_start_s_against_the_targets_of_position_s_pl
                         predicted.append(hidden[b, s])
                         wanted.append(hidden[b, s + d])
                         label.append(int(labels[b, s + d]))
-            predicted, wanted, label = torch.stack(predicted), torch.stack(wanted), torch.tensor(label)
-            scored = label < V
+            predicted, wanted = torch.stack(predicted), torch.stack(wanted)
+            scored = torch.tensor([i in column for i in label])
+            assert 0 < scored.sum() < len(label)
+            columns = torch.tensor([column[i] for i in label if i in column])
             expected = [torch.nn.functional.smooth_l1_loss(predicted, wanted),
-                        torch.nn.functional.cross_entropy(head(predicted[scored]), label[scored])]
+                        torch.nn.functional.cross_entropy(head(predicted[scored]), columns)]
             torch.testing.assert_close(losses[d - 1], torch.stack(expected).float(), rtol=1e-5, atol=1e-6)
     # Depth 1 is the teacher-forced training: one causal pass over the real entries (f_t, x_{t+1}).
-    drafter = random_drafter(target, V, seed=1)
+    drafter = random_drafter(target, 90, seed=1)  # ids 0..89: columns are ids
     predicted = drafter(ids[:, 1:], hidden[:, :-1])
     learned = labels[:, 1:] >= 0
-    scored = learned & (labels[:, 1:] < V)
+    scored = learned & (labels[:, 1:] < 90)
     teacher_forced = torch.stack([
         torch.nn.functional.smooth_l1_loss(predicted[learned], hidden[:, 1:][learned]),
-        torch.nn.functional.cross_entropy(head(predicted[scored]), labels[:, 1:][scored])])
+        torch.nn.functional.cross_entropy(drafter.logits(predicted[scored]), labels[:, 1:][scored])])
     torch.testing.assert_close(depth_losses(drafter, drafter.logits, ids, hidden, labels, depth=1)[0],
                                teacher_forced.float(), rtol=1e-5, atol=1e-6)
 
 
-def _copying_drafter(target, draft_vocab_size=32_768):
+def _copying_drafter(target, draft_vocab_size=32_768, vocab_ids=None):
     """A drafter whose prediction is its input feature: fc = [0 | I], the layer's attention and
-    MLP outputs zero, so depth d from position s scores ``lm_head(f_s)``."""
-    drafter = EagleDrafter.for_target(target, draft_vocab_size)
+    MLP outputs zero, so depth d from position s scores ``lm_head(f_s)`` (over ``vocab_ids``)."""
+    drafter = EagleDrafter.for_target(target, draft_vocab_size, vocab_ids=vocab_ids)
     H = drafter.config.hidden_size
     with torch.no_grad():
         drafter.fc.weight.copy_(torch.cat([torch.zeros(H, H), torch.eye(H)], 1))
@@ -166,8 +170,11 @@ def _copying_drafter(target, draft_vocab_size=32_768):
     return drafter
 
 
-def test_held_out_accuracy_of_a_drafter_known_exactly():
+@pytest.mark.parametrize("scattered", [False, True], ids=["all-ids", "scattered-ids"])
+def test_held_out_accuracy_of_a_drafter_known_exactly(scattered):
     target = tiny_lm(seed=4)
+    # Scattered: the drafter ranks 50 of the 96 ids; its candidates are ids, not columns.
+    vocab = torch.randperm(96, generator=torch.Generator().manual_seed(5))[:50].sort().values if scattered else None
     gen = torch.Generator().manual_seed(1)
     chunks = [torch.randint(3, 20, (n,), generator=gen) for n in (30, 40, 33)]  # few ids: repeats
     forwards = [_forward(target, ids) for ids in chunks]
@@ -175,7 +182,7 @@ def test_held_out_accuracy_of_a_drafter_known_exactly():
     labels[2][:3] = -1  # not learned
     features = Features(hidden=torch.cat([h for h, _ in forwards]).half(), labels=torch.cat(labels),
                         offsets=torch.tensor([0, 30, 70, 103]), heldout=torch.tensor([False, True, True]))
-    drafter = _copying_drafter(target)
+    drafter = _copying_drafter(target, vocab_ids=vocab)
     accuracy, positions = evaluate(drafter, torch.cat(chunks), features, depth=3)
     # The copying drafter ignores its tokens: the same along the target's greedy path.
     torch.testing.assert_close(evaluate(drafter, torch.cat(chunks), features, depth=3, greedy_path=True)[0],
@@ -185,7 +192,9 @@ def test_held_out_accuracy_of_a_drafter_known_exactly():
     for c in (1, 2):  # depth d from s predicts the target's token for position s + d + 1: labels[s + d]
         span = slice(int(features.offsets[c]), int(features.offsets[c + 1]))
         hidden, lab = features.hidden[span].float(), features.labels[span].long()
-        ranked = target.lm_head(hidden).topk(10, -1).indices  # the copying drafter's candidates at s
+        scores = target.lm_head(hidden)
+        ranked = (vocab[scores[:, vocab].topk(10, -1).indices] if scattered
+                  else scores.topk(10, -1).indices)  # the copying drafter's candidates at s
         for d in (1, 2, 3):
             for s in range(len(lab) - d):
                 if lab[s + d] >= 0:
@@ -238,6 +247,24 @@ def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys)
         loaded.attach(tiny_lm(seed=0, hidden_size=32))
     with pytest.raises(ValueError, match="96 token ids; this target scores 128"):
         loaded.attach(tiny_lm(seed=0, vocab=128))
+
+
+def test_the_vocabulary_is_the_commonest_training_labels_then_the_lowest_others(tmp_path):
+    model = tiny_lm(seed=0, init=0.02)
+    settings = dict(num_tokens=1500, data=repeating_text(tmp_path), chunk_tokens=100, cache_dir=tmp_path / "cache")
+    drafter = specdec.train_eagle(model, CharTokenizer(), tmp_path / "d", draft_vocab_size=6, epochs=1,
+                                  verbose=False, **settings)
+    chunks, _ = build_chunks(CharTokenizer(), settings["data"], num_tokens=1500, chunk_tokens=100)
+    features, _ = extract_features(model, chunks, 10, tmp_path / "cache", verbose=False)
+    entries = [features.labels[int(a) + 1: int(b)] for a, b in zip(features.offsets[:-1], features.offsets[1:])]
+    train = torch.cat([e for e, held in zip(entries, features.heldout) if not held])
+    held = torch.cat([e for e, h in zip(entries, features.heldout) if h])
+    assert drafter.vocab_ids.tolist() == sorted(vocabulary(train, 6, 96).tolist())
+    common = commonest_ids(train, 6)
+    assert set(common.tolist()) <= set(drafter.vocab_ids.tolist())
+    in_vocab = torch.isin(held[held >= 0], drafter.vocab_ids).float().mean()
+    assert drafter.metrics["heldout_in_vocab"] == pytest.approx(float(in_vocab))
+    assert in_vocab > (held[held >= 0] < 6).float().mean()  # more than the lowest 6 ids would cover
 
 
 def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ from support.training import CharTokenizer, repeating_text
 import specdec
 import specdec.training.loop as training_loop
 import specdec.training.medusa as medusa_train
+from specdec.training.features import commonest_ids
 from specdec import cli
 from specdec.cli import common
 from specdec.proposers.medusa.heads import MedusaHeads
@@ -99,8 +100,8 @@ def test_training_on_a_repetitive_text_predicts_far_above_chance(tmp_path):
 
 def test_the_vocabulary_is_the_commonest_training_labels():
     labels = torch.tensor([7, 7, 7, 3, 3, 9, -1, 5, 5, 5, 5])
-    assert medusa_train._commonest(labels, 3).tolist() == [5, 7, 3]
-    assert medusa_train._commonest(labels, 10).tolist() == [5, 7, 3, 9]
+    assert commonest_ids(labels, 3).tolist() == [5, 7, 3]
+    assert commonest_ids(labels, 10).tolist() == [5, 7, 3, 9]
 
 
 def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_path, monkeypatch):

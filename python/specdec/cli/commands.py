@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "outputs", "the drafter (config.json, drafter.safetensors", eagle,
                          "tokens of text run through the target (a forward over them, cached with train-medusa's)")
     e.add_argument("--draft-vocab-size", type=int, default=eagle.draft_vocab_size,
-                   help="the drafter scores token ids below N (the LM head's lowest rows)")
+                   help="the drafter scores N token ids (the training labels' commonest, then the lowest others)")
     e.add_argument("--train-depth", type=int, default=eagle.train_depth,
                    help="depths trained drafting from its own features (1: teacher-forced only; each "
                         "depth costs about one more epoch's time)")

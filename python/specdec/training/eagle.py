@@ -14,10 +14,12 @@ Entry t of the drafter reads ``(f_t, x_{t+1})`` (t = 0 .. n - 2) and learns
   dominate; the regression is what keeps the predicted features usable as the next depth's
   input), and
 * the target's token for position t + 2, ``labels[t + 1]``: cross-entropy of the scores over
-  ids ``0 .. draft_vocab_size - 1``, weight 0.1 (EAGLE's: cross-entropy over thousands of ids
+  the drafter's ``draft_vocab_size`` ids, weight 0.1 (EAGLE's: cross-entropy over thousands of ids
   is several nats where the per-dimension regression is a fraction of one, so at weight 1 it
   would drown the regression; it aligns the features with the tokens that decide acceptance).
-  Ids past the drafter's vocabulary are not learned (their feature still is).
+  Ids outside the drafter's vocabulary are not learned (their feature still is). The
+  vocabulary: the training labels' commonest ids, then the lowest others up to
+  ``draft_vocab_size`` (EAGLE-3's reduced vocabulary; the drafter keeps them as ``vocab_ids``).
 
 Training-time test (EAGLE-3's): at decode time depths 2 and beyond read the drafter's own
 predicted features, which teacher forcing never shows it. So each batch is rolled out to depth
@@ -54,11 +56,11 @@ from specdec.model.prepare import dense_weight
 from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.training.corpus import DataFiles
 from specdec.training.eagle_rollout import evaluate, rollout
-from specdec.training.features import Features
+from specdec.training.features import Features, commonest_ids
 from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings, fit,
                                    training_data, write_results)
 
-__all__ = ["EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle"]
+__all__ = ["EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle", "vocabulary"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class EagleTrainConfig:
     """What :func:`train_eagle` does; the fields besides its arguments are fixed choices.
 
     ``num_tokens``: tokens of text run through the target (training and held-out together).
-    ``draft_vocab_size``: the drafter scores ids ``0 .. draft_vocab_size - 1``. ``batch_size``:
+    ``draft_vocab_size``: how many ids the drafter scores (the module's docstring). ``batch_size``:
     whole chunks per step. ``heldout_every``: every n-th chunk is held out. ``feature_weight``,
     ``token_weight``: the losses' weights (the module's docstring says why these).
     ``grad_clip``: the gradient's norm is clipped to it (EAGLE's 0.5). ``depth``: the held-out
@@ -118,8 +120,8 @@ def train_eagle(
     seed: int = 0,
 ) -> EagleDrafter:
     """Train an EAGLE drafter for ``model`` (:meth:`EagleDrafter.for_target`: the target's last
-    layer, its embedding and its LM head's rows ``0 .. draft_vocab_size - 1``) and save it in
-    ``out_dir``.
+    layer, its embedding and the rows of its LM head for ``draft_vocab_size`` ids: the training
+    labels' commonest, then the lowest others) and save it in ``out_dir``.
 
     ``data``: None (Python sources of the installed packages, chat-wrapped for chat models),
     or a text file, a JSONL file (``{"text": ...}`` per line) or a list of those, used as they
@@ -173,18 +175,18 @@ def train_eagle(
     started = time.perf_counter()
     chunks, source, features, feature_s = training_data(model, tokenizer, data, cfg, cache_dir, say)
     ids = torch.tensor([i for chunk in chunks for i in chunk.ids])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)  # any weight for_target does not copy starts the same every run
-        drafter = EagleDrafter.for_target(model, cfg.draft_vocab_size)
-    V = drafter.config.draft_vocab_size
-    head = _head(model, V, drafter.dtype)
-
     entries = [features.labels[_entries(features, c)] for c in range(len(chunks))]  # their targets' labels
     train = torch.tensor([c for c, e in enumerate(entries) if not features.heldout[c] and (e >= 0).any()],
                          dtype=torch.long)
     train_labels = torch.cat([entries[c] for c in train.tolist()])
     heldout_labels = torch.cat([e for c, e in enumerate(entries) if features.heldout[c]])
-    say(f"[eagle] the drafter scores ids 0..{V - 1}: {_share(train_labels, V):.1%} of the training labels; "
+    vocab_ids = vocabulary(train_labels, cfg.draft_vocab_size, model.get_output_embeddings().out_features)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)  # any weight for_target does not copy starts the same every run
+        drafter = EagleDrafter.for_target(model, vocab_ids=vocab_ids)
+    V = drafter.config.draft_vocab_size
+    head = _head(model, drafter.vocab_ids, drafter.dtype)
+    say(f"[eagle] the drafter scores {V} ids: {_share(train_labels, drafter):.1%} of the training labels; "
         f"{int((train_labels >= 0).sum())} training positions in {len(train)} chunks, "
         f"{int((heldout_labels >= 0).sum())} held-out")
 
@@ -202,7 +204,7 @@ def train_eagle(
         "top1": rank_accuracy[:, 0].tolist(),
         "top5": rank_accuracy[:, :5].sum(1).tolist(),
         "heldout_positions": counts,
-        "heldout_in_vocab": _share(heldout_labels, V),
+        "heldout_in_vocab": _share(heldout_labels, drafter),
         "train_positions": int((train_labels >= 0).sum()),
         "tokens": int(features.offsets[-1]),
         "draft_vocab_size": V,
@@ -249,9 +251,9 @@ def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: T
     """``[depth, 2]``: per depth d = 1 .. ``depth`` of the drafter's :func:`rollout` over the
     chunks ``ids [B, n]`` (features ``hidden [B, n, H]``, the target's labels ``labels [B, n]``,
     -1 where not learned and in the padding), the feature loss (smooth-L1 against ``f_{s+d}``)
-    and the token loss (cross-entropy of ``head``'s scores against ``labels[s + d]``) averaged
-    over the starts s whose label is learned (0 where none is; the token loss only over labels
-    the head scores). Deeper entries are fed the text's tokens: the labels and features they
+    and the token loss (cross-entropy of ``head``'s scores, the drafter's columns, against
+    ``labels[s + d]``) averaged over the starts s whose label is learned (0 where none is; the
+    token loss only over labels in the drafter's vocabulary). Deeper entries are fed the text's tokens: the labels and features they
     learn were computed after those (the target's greedy tokens, which decoding's accepted
     drafts follow, would leave an entry's input and its targets on different paths wherever the
     text leaves the greedy one)."""
@@ -260,10 +262,11 @@ def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: T
         target = hidden[:, d:].to(predicted.device, predicted.dtype)
         label = labels[:, d:].to(predicted.device)
         learned = label >= 0
-        scored = learned & (label < drafter.config.draft_vocab_size)
+        column = drafter.columns(label)
+        scored = column >= 0
         zero = predicted.new_zeros(())
         feature = F.smooth_l1_loss(predicted[learned], target[learned]) if learned.any() else zero
-        token = F.cross_entropy(head(predicted[scored]), label[scored]) if scored.any() else zero
+        token = F.cross_entropy(head(predicted[scored]), column[scored]) if scored.any() else zero
         rows.append(torch.stack([feature, token]))
     return torch.stack(rows)
 
@@ -283,13 +286,30 @@ def _batch(ids: Tensor, features: Features, chunks: Tensor) -> tuple[Tensor, Ten
     return tokens, hidden, labels
 
 
-def _head(model: nn.Module, n: int, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
-    """Scores of ids ``0 .. n - 1`` by the target's LM head, as ``drafter.logits`` gives them,
-    from a plain copy of its rows in the drafter's dtype: a prepared (packed) head has no
-    backward, and a bfloat16 head would not take the drafter's float32 features."""
+def vocabulary(labels: Tensor, n: int, target_vocab_size: int) -> Tensor:
+    """A drafter's ``n`` ids: the commonest of ``labels`` (``>= 0``), then the lowest others.
+
+    Example:
+        >>> vocabulary(torch.tensor([7, 7, 3, 9, 9, 9, -1]), 5, target_vocab_size=10).tolist()
+        [9, 7, 3, 0, 1]
+    """
+    n = min(n, target_vocab_size)
+    common = commonest_ids(labels, n)
+    others = torch.ones(target_vocab_size, dtype=torch.bool)
+    others[common] = False
+    return torch.cat([common, others.nonzero().flatten()[:n - len(common)]])
+
+
+def _head(model: nn.Module, vocab_ids: Tensor, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+    """Scores of ``vocab_ids`` by the target's LM head, as ``drafter.logits`` gives them, from a
+    plain copy of its rows in the drafter's dtype: a prepared (packed) head has no backward, and
+    a bfloat16 head would not take the drafter's float32 features."""
     lm_head = model.get_output_embeddings()
-    weight = dense_weight(lm_head)[:n].detach().to(dtype, copy=True)
-    bias = lm_head.bias[:n].detach().to(dtype, copy=True) if getattr(lm_head, "bias", None) is not None else None
+    weight = dense_weight(lm_head)
+    rows = vocab_ids.to(weight.device)
+    weight = weight.index_select(0, rows).detach().to(dtype, copy=True)
+    bias = getattr(lm_head, "bias", None)
+    bias = bias.index_select(0, rows).detach().to(dtype, copy=True) if bias is not None else None
     return lambda features: F.linear(features.to(dtype), weight, bias)
 
 
@@ -312,10 +332,10 @@ def _entries(features: Features, c: int) -> slice:
     return slice(int(features.offsets[c]) + 1, int(features.offsets[c + 1]))
 
 
-def _share(labels: Tensor, n: int) -> float:
-    """The share of the learned ``labels`` below ``n``."""
+def _share(labels: Tensor, drafter: EagleDrafter) -> float:
+    """The share of the learned ``labels`` in the drafter's vocabulary."""
     learned = labels[labels >= 0]
-    return float((learned < n).float().mean()) if len(learned) else 0.0
+    return float((drafter.columns(learned) >= 0).float().mean()) if len(learned) else 0.0
 
 
 def _report(drafter: EagleDrafter) -> str:

@@ -123,7 +123,7 @@ def evaluate(drafter: EagleDrafter, ids: Tensor, features: Features, depth: int 
         greedy = labels if greedy_path else None
         for d, predicted in enumerate(rollout(drafter, ids[span], features.hidden[span], depth, greedy), 1):
             target = labels[d: d + len(predicted)]
-            top = head(predicted).topk(k, -1).indices.cpu()
+            top = drafter.vocab_ids[head(predicted).topk(k, -1).indices].cpu()  # as target ids
             hits[d - 1, :k] += (top == target[:, None]).sum(0)  # -1 (not learned) matches nothing
             valid[d - 1] += (target >= 0).sum()
     drafter.train(was_training)

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from specdec.training.corpus import Chunk
 
-__all__ = ["CACHE_FOLDER", "Features", "extract_features", "head_targets"]
+__all__ = ["CACHE_FOLDER", "Features", "commonest_ids", "extract_features", "head_targets"]
 
 # Under the specdec cache; the name predates other drafters and is kept so that existing caches
 # are found.
@@ -109,6 +109,21 @@ def extract_features(
         print(f"[features] {total} tokens in {elapsed:.0f} s ({total / elapsed:.0f} tok/s), cached in {path}",
               flush=True)
     return features, elapsed
+
+
+def commonest_ids(labels: Tensor, n: int) -> Tensor:
+    """The ``n`` most frequent ids among ``labels >= 0``, commonest first (ties: lower id first);
+    fewer where fewer distinct ids occur.
+
+    Example:
+        >>> commonest_ids(torch.tensor([7, 7, 7, 3, 3, 9, -1, 5, 5, 5, 5]), 3).tolist()
+        [5, 7, 3]
+    """
+    labels = labels[labels >= 0].long()
+    counts = torch.bincount(labels)
+    ids = torch.nonzero(counts).flatten()
+    order = torch.argsort(-counts[ids], stable=True)  # ids ascend, so ties keep the lower id first
+    return ids[order][:n]
 
 
 def head_targets(features: Features, num_heads: int) -> Tensor:

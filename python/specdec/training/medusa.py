@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from specdec.proposers.medusa.heads import RANKS, MedusaHeads
 from specdec.training.corpus import DataFiles
-from specdec.training.features import head_targets
+from specdec.training.features import commonest_ids, head_targets
 from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings, fit,
                                    training_data, write_results)
 
@@ -127,7 +127,7 @@ def train_medusa(
 
     train_pos, test_pos = features.positions(heldout=False), features.positions(heldout=True)
     targets = head_targets(features, cfg.num_heads)  # [N, K] target ids, -1: none
-    vocab_ids = _commonest(features.labels[train_pos], cfg.vocab_size)
+    vocab_ids = commonest_ids(features.labels[train_pos], cfg.vocab_size)
     heads = MedusaHeads.for_target(model, cfg.num_heads, vocab_ids, cfg.num_layers)
     id_map = torch.full((heads.config.target_vocab_size,), -1, dtype=torch.long)
     id_map[vocab_ids] = torch.arange(len(vocab_ids))
@@ -198,15 +198,6 @@ def _train(heads: MedusaHeads, hidden: Tensor, mapped: Tensor, positions: Tensor
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _commonest(labels: Tensor, n: int) -> Tensor:
-    """The ``n`` most frequent ids among ``labels >= 0``, commonest first (ties: lower id)."""
-    labels = labels[labels >= 0].long()
-    counts = torch.bincount(labels)
-    ids = torch.nonzero(counts).flatten()
-    order = torch.argsort(-counts[ids], stable=True)  # ids ascend, so ties keep the lower id first
-    return ids[order][:n]
 
 
 def _report(heads: MedusaHeads) -> str:

@@ -18,9 +18,9 @@ exported; others are refused by name.
 
 What differs from specdec's own decoding with the drafter: vLLM drafts a chain of
 ``num_speculative_tokens`` (each the drafter's top-1) where specdec grows a dynamic tree, and it
-scores the target's whole vocabulary with the target's LM head: our ``draft_vocab_size``
-restriction (ids ``0 .. draft_vocab_size - 1``) is specdec's alone and not exported, so vLLM's
-drafts may pick ids our drafter never proposes (greedy output is the target's either way).
+scores the target's whole vocabulary with the target's LM head: our drafter's reduced
+vocabulary (its ``vocab_ids``) is specdec's alone and not exported, so vLLM's drafts may pick
+ids our drafter never proposes (greedy output is the target's either way).
 
 Files written: ``config.json`` (a Llama config: ``architectures: ["EagleLlamaForCausalLM"]``,
 the layer's sizes, rope settings, ``rms_norm_eps``, ``vocab_size`` = the target's,
@@ -63,9 +63,8 @@ def export_eagle(drafter: Any, out_dir: str | os.PathLike[str]) -> Path:
     ``save`` wrote (``specdec train-eagle``'s output). The drafter's layer must be of the Llama
     or Qwen2 family (:data:`SUPPORTED_MODEL_TYPES`): vLLM builds its EAGLE layer as a Llama layer.
 
-    vLLM scores the target's full vocabulary with the target's LM head; the drafter's
-    ``draft_vocab_size`` (specdec scores ids ``0 .. draft_vocab_size - 1`` only) is not carried
-    over, and vLLM drafts a chain of its top-1 tokens, not specdec's tree.
+    vLLM scores the target's full vocabulary with the target's LM head; the drafter's reduced
+    vocabulary (``vocab_ids``, which specdec scores alone) is not carried over, and vLLM drafts a chain of its top-1 tokens, not specdec's tree.
 
     Raises ValueError for an unsupported architecture or weights that do not match the config,
     FileNotFoundError for a directory without the drafter's files.
@@ -112,7 +111,9 @@ def _read_drafter(drafter: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The drafter's config (EagleDrafter.save's fields) and weights, from the module or its
     directory."""
     if isinstance(drafter, (str, os.PathLike)):
-        return read_saved(drafter, "specdec.vllm.export_eagle")
+        meta, state = read_saved(drafter, "specdec.vllm.export_eagle")
+        state.pop("vocab_ids", None)  # specdec's reduced vocabulary: vLLM scores the full one
+        return meta, state
     config = getattr(drafter, "config", None)
     if config is None or not hasattr(drafter, "weights") or not hasattr(config, "layer_config"):
         raise TypeError(f"specdec.vllm.export_eagle: expected an EagleDrafter or its directory, got "

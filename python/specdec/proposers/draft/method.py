@@ -10,7 +10,7 @@ from torch import Tensor
 
 from specdec.renamed import take_aliases, warn_renamed
 from specdec.proposers.draft.proposer import draft_proposer
-from specdec.proposers.draft.vocab import lowest_ids_head
+from specdec.proposers.draft.vocab import head_for_ids
 from specdec.loop.protocol import Context, Method, StepResult
 
 
@@ -170,5 +170,5 @@ class DraftModel(Method):
         lm_head = self.model.get_output_embeddings()
         key = (id(lm_head), str(self.model.device))
         if self._head is None or self._head[0] != key:
-            self._head = (key, lowest_ids_head(lm_head, self.draft_vocab_size))
+            self._head = (key, head_for_ids(lm_head, self.draft_vocab_size))
         return self._head[1]

@@ -40,19 +40,24 @@ class DraftedTree:
     slot: Tensor     # [B, M]
 
 
-def children(logp: Tensor, k: int, ctx: Context, position: Tensor) -> tuple[Tensor, Tensor]:
+def children(logp: Tensor, k: int, ctx: Context, position: Tensor,
+             vocab_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The k children of each of W nodes ``(ids [B, W, k], log-probabilities [B, W, k])`` from
     their next-token log-probabilities ``logp [B, W, V]``. Greedy: the k most probable. Sampling:
     the draft's draw with the target's uniform at ``position [B]`` first (the token the target
-    emits there when the two distributions agree), then the k - 1 most probable others."""
+    emits there when the two distributions agree), then the k - 1 most probable others.
+    ``vocab_ids [V]``: the ids ``logp``'s columns score (ascending, so that the draw keeps the
+    target's order); default: the columns are the ids."""
     if not ctx.sampling.do_sample:
         top = logp.topk(k, -1)
-        return top.indices, top.values
-    W = logp.shape[1]
-    first = draw(logp.exp(), ctx.streams, position[:, None].expand(-1, W), TOKEN)[..., None]
-    others = logp.scatter(-1, first, float("-inf")).topk(k - 1, -1).indices
-    ids = torch.cat([first, others], -1)
-    return ids, torch.gather(logp, -1, ids)
+        ids, values = top.indices, top.values
+    else:
+        W = logp.shape[1]
+        first = draw(logp.exp(), ctx.streams, position[:, None].expand(-1, W), TOKEN)[..., None]
+        others = logp.scatter(-1, first, float("-inf")).topk(k - 1, -1).indices
+        ids = torch.cat([first, others], -1)
+        values = torch.gather(logp, -1, ids)
+    return (ids if vocab_ids is None else vocab_ids[ids]), values
 
 
 def fed_slots(k: int, depth: int) -> int:
@@ -120,7 +125,8 @@ def select(tree: DraftedTree, n: int, root: Tensor) -> tuple[Proposal, Tensor, T
             torch.cat([torch.zeros_like(root, dtype=torch.bool), torch.gather(first, 1, order)], 1))
 
 
-def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adaptive: bool) -> tuple[DraftedTree, int, int]:
+def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adaptive: bool,
+         vocab_ids: Tensor | None = None) -> tuple[DraftedTree, int, int]:
     """Drafts a tree: ``(tree, nodes to verify, draft passes made)``.
 
     Args:
@@ -135,12 +141,13 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
         adaptive: grow another level only while the expected emitted tokens per ms rise (the
             draft's scores standing in for acceptance, ``ctx.costs`` for the times), and verify
             the best-paying number of nodes; else ``depth`` levels and ``limit`` nodes.
+        vocab_ids: the ids the log-probabilities' columns score (`children`).
     """
     B, device = first.shape[0], first.device
     live = (~ctx.finished)[:, None]
     rows = float(live.sum()) if adaptive else 0.0
     root_pos = ctx.lengths - 1
-    ids, logp = children(first[:, None], k, ctx, root_pos + 1)
+    ids, logp = children(first[:, None], k, ctx, root_pos + 1, vocab_ids)
     levels = [DraftedTree(ids[:, 0], torch.zeros(B, k, dtype=torch.long, device=device), logp[:, 0],
                           torch.full((B, k), -1, dtype=torch.long, device=device))]
     width = fed_slots(k, depth)
@@ -171,7 +178,7 @@ def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adap
         passes += 1
         fed += w
         last.slot.scatter_(1, sel, new_slot)
-        ids, lp = children(logp, k, ctx, root_pos + d + 1)
+        ids, lp = children(logp, k, ctx, root_pos + d + 1, vocab_ids)
         levels.append(DraftedTree(ids.reshape(B, w * k),
                                   (offset + 1 + sel)[:, :, None].expand(B, w, k).reshape(B, w * k),
                                   (f_score[:, :, None] + lp).reshape(B, w * k),

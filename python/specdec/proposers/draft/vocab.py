@@ -1,5 +1,6 @@
-"""A draft model's vocabulary: the check that it is the target's, and the reduced LM head
-(``DraftModel(draft_vocab_size=N)``) that scores only ids ``0 .. N-1``."""
+"""A draft's vocabulary: the check that a draft model's is the target's, and the reduced LM
+head that scores only some ids (``DraftModel(draft_vocab_size=N)``: ids ``0 .. N-1``; an EAGLE
+drafter: its ``vocab_ids``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from specdec.model.prepare import PackedLinear, PackingConfig, dense_weight
 
-__all__ = ["check_vocabulary", "lowest_ids_head", "vocab_size"]
+__all__ = ["check_vocabulary", "head_for_ids", "vocab_size"]
 
 
 def vocab_size(model: torch.nn.Module) -> int:
@@ -33,27 +34,30 @@ def check_vocabulary(draft: torch.nn.Module, target: torch.nn.Module, shared_voc
     return vocab[1]
 
 
-def lowest_ids_head(lm_head: torch.nn.Module, n: int) -> torch.nn.Module:
-    """A copy of an LM head (``nn.Linear``, or prepared: ``PackedLinear``) scoring ids 0..n-1.
+def head_for_ids(lm_head: torch.nn.Module, ids: int | torch.Tensor) -> torch.nn.Module:
+    """A copy of an LM head (``nn.Linear``, or prepared: ``PackedLinear``) scoring only ``ids``
+    (a 1-D tensor of ids, its columns in that order; an int n: ids 0 .. n-1).
 
     Example:
         >>> head = torch.nn.Linear(8, 100)
-        >>> sub = lowest_ids_head(head, 10)
         >>> x = torch.randn(2, 8)
-        >>> sub.out_features, torch.allclose(sub(x), head(x)[:, :10])
+        >>> lowest, some = head_for_ids(head, 10), head_for_ids(head, torch.tensor([4, 7, 90]))
+        >>> lowest.out_features, torch.allclose(lowest(x), head(x)[:, :10])
         (10, True)
+        >>> torch.allclose(some(x), head(x)[:, [4, 7, 90]])
+        True
     """
     try:
         weight = dense_weight(lm_head)
     except ValueError as e:
-        raise ValueError(f"DraftModel(draft_vocab_size=...) needs a linear LM head: {e}") from None
-    n = min(n, weight.shape[0])
-    sub = torch.nn.Linear(weight.shape[1], n, bias=lm_head.bias is not None,
+        raise ValueError(f"a reduced vocabulary needs a linear LM head: {e}") from None
+    rows = (torch.arange(min(ids, weight.shape[0])) if isinstance(ids, int) else ids).to(weight.device)
+    sub = torch.nn.Linear(weight.shape[1], len(rows), bias=lm_head.bias is not None,
                           device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
-        sub.weight.copy_(weight[:n])
+        sub.weight.copy_(weight.index_select(0, rows))
         if lm_head.bias is not None:
-            sub.bias.copy_(lm_head.bias[:n])
+            sub.bias.copy_(lm_head.bias.index_select(0, rows))
     # A prepared head stays prepared: packed products are faster on CPU, one-row ones too
     # (docs/benchmarks.md). Not padded: a draft's logits need no row-count invariance
     # (PackingConfig.for_draft).

@@ -14,14 +14,18 @@ target's, frozen and never saved with the drafter. Deeper in a step the drafter 
 predicted features back in. The layer keeps a KV cache of its own (a `SpecCache` of one layer),
 so the drafter sees the whole context through its attention.
 
-The LM head scores only ids ``0 .. draft_vocab_size - 1`` (byte-level BPE vocabularies number
-tokens commonest first; `DraftModel(draft_vocab_size=...)` does the same): a smaller GEMM per
-draft token, and ids in the target's order, so coupled sampling draws stay aligned.
+The LM head scores only the drafter's ``vocab_ids`` (``draft_vocab_size`` of the target's ids,
+as EAGLE-3's ``d2t`` map: `specdec.train_eagle` takes the training labels' commonest ids): a
+smaller GEMM per draft token, and a softmax over the ids that matter, which a small training
+budget learns faster. The ids are kept in ascending order, the target's, so a draw over them
+with the target's uniform stays coupled to the target's draw (sampling). A drafter made without
+``vocab_ids`` scores ids ``0 .. draft_vocab_size - 1`` (byte-level BPE vocabularies number
+tokens roughly commonest first).
 
 Files: :meth:`EagleDrafter.save` writes ``config.json`` (format marker, sizes, the layer's
 transformers config, the training's metrics) and ``drafter.safetensors`` (``fc.weight`` and
-``layers.0.*``, the names vLLM's EAGLE models load; ``specdec export-vllm --eagle`` adds what
-vLLM's loader needs).
+``layers.0.*``, the names vLLM's EAGLE models load, and ``vocab_ids``; ``specdec export-vllm
+--eagle`` adds what vLLM's loader needs).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from specdec.model.prepare import PackedLinear, dense_weight
-from specdec.proposers.draft.vocab import lowest_ids_head
+from specdec.proposers.draft.vocab import head_for_ids
 from specdec.proposers.eagle.files import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, read_saved
 from specdec.proposers.files import write_atomically
 
@@ -55,8 +59,8 @@ class EagleConfig:
 
     ``layer_config``: the target's transformers config as a dict (its architecture, attention
     and MLP sizes, rotary settings), from which the drafter's one layer is built.
-    ``target_vocab_size``: the target's LM head rows; ``draft_vocab_size``: the drafter scores
-    ids ``0 .. draft_vocab_size - 1``. ``target``: the target's name or path, if known."""
+    ``target_vocab_size``: the target's LM head rows; ``draft_vocab_size``: how many of its ids
+    the drafter scores (its ``vocab_ids``). ``target``: the target's name or path, if known."""
 
     hidden_size: int
     target_vocab_size: int
@@ -90,24 +94,37 @@ class EagleDrafter(nn.Module):
     ``forward(input_ids [B, T], features [B, T, H]) -> [B, T, H]``: the predicted next features
     for each pair ``(x_{t+1}, f_t)``, causal over the T positions (training; decoding runs the
     same layer on its KV cache through `specdec.Eagle`). :meth:`logits` scores features over
-    the drafter's vocabulary.
+    the drafter's vocabulary: column c is the target's id ``vocab_ids[c]`` (ascending; default
+    ids ``0 .. draft_vocab_size - 1``); :meth:`columns` maps ids back.
 
     Example (a fresh drafter for a tiny model):
         >>> from transformers import LlamaConfig, LlamaForCausalLM
         >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
         ...                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
         >>> target = LlamaForCausalLM(cfg).eval()
-        >>> drafter = EagleDrafter.for_target(target, draft_vocab_size=48)
+        >>> drafter = EagleDrafter.for_target(target, vocab_ids=torch.tensor([9, 1, 5, 7]))
         >>> out = target.model(torch.tensor([[1, 5, 7, 9]]))
         >>> features = out.last_hidden_state[:, :-1]             # f_0, f_1, f_2
         >>> predicted = drafter(torch.tensor([[5, 7, 9]]), features)  # f_1, f_2, f_3 predicted
         >>> predicted.shape, drafter.logits(predicted).shape
-        (torch.Size([1, 3, 32]), torch.Size([1, 3, 48]))
+        (torch.Size([1, 3, 32]), torch.Size([1, 3, 4]))
+        >>> drafter.vocab_ids.tolist(), drafter.columns(torch.tensor([7, 8, -1])).tolist()
+        ([1, 5, 7, 9], [2, -1, -1])
     """
 
-    def __init__(self, config: EagleConfig, *, dtype: torch.dtype = torch.float32, device: Any = None) -> None:
+    def __init__(self, config: EagleConfig, vocab_ids: Tensor | None = None, *, dtype: torch.dtype = torch.float32,
+                 device: Any = None) -> None:
         super().__init__()
         self.config = config
+        if vocab_ids is None:
+            vocab_ids = torch.arange(config.draft_vocab_size)
+        vocab_ids = torch.as_tensor(vocab_ids).long().flatten().sort().values
+        if len(vocab_ids) != config.draft_vocab_size:
+            raise ValueError(f"EagleDrafter: {len(vocab_ids)} vocab_ids for draft_vocab_size {config.draft_vocab_size}")
+        if len(vocab_ids) and (int(vocab_ids[0]) < 0 or int(vocab_ids[-1]) >= config.target_vocab_size
+                               or bool((vocab_ids[1:] == vocab_ids[:-1]).any())):
+            raise ValueError(f"EagleDrafter: vocab_ids must be distinct ids in 0..{config.target_vocab_size - 1}")
+        self.register_buffer("vocab_ids", vocab_ids.to(device), persistent=False)
         H = config.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=False, dtype=dtype, device=device)
         layer_config = config.transformers_config()
@@ -126,9 +143,10 @@ class EagleDrafter(nn.Module):
 
     @classmethod
     def for_target(cls, model: nn.Module, draft_vocab_size: int = 32_768,
-                   dtype: torch.dtype = torch.float32) -> EagleDrafter:
-        """A fresh drafter for ``model``, attached: its layer a copy of the target's last decoder
-        layer (the input norm left out; a layer prepared by `specdec.pack_linear_layers` is
+                   dtype: torch.dtype = torch.float32, vocab_ids: Tensor | None = None) -> EagleDrafter:
+        """A fresh drafter for ``model``, attached, scoring ``vocab_ids`` (default: ids ``0 ..
+        draft_vocab_size - 1``; given, they set the size): its layer a copy of the target's last
+        decoder layer (the input norm left out; a layer prepared by `specdec.pack_linear_layers` is
         unpacked) with its output projections (``self_attn.o_proj``, ``mlp.down_proj``) zeroed,
         and ``fc`` adding the token's embedding to the feature. So a fresh drafter predicts
         ``f_t + embed(x_{t+1})``, at the features' scale, and training teaches attention and MLP
@@ -138,11 +156,12 @@ class EagleDrafter(nn.Module):
         from the copy as it is gave)."""
         lm_head = model.get_output_embeddings()
         values = model.config.to_dict()
+        size = len(vocab_ids) if vocab_ids is not None else min(draft_vocab_size, lm_head.out_features)
         config = EagleConfig(hidden_size=model.config.hidden_size, target_vocab_size=lm_head.out_features,
-                             draft_vocab_size=min(draft_vocab_size, lm_head.out_features), layer_config=values,
+                             draft_vocab_size=size, layer_config=values,
                              target=getattr(model.config, "name_or_path", None) or None)
         device = next(model.parameters()).device
-        drafter = cls(config, dtype=dtype, device=device)
+        drafter = cls(config, vocab_ids, dtype=dtype, device=device)
         last = model.get_decoder().layers[-1]
         with torch.no_grad():
             for name, value in drafter.layer.state_dict().items():
@@ -184,14 +203,14 @@ class EagleDrafter(nn.Module):
 
     def attach(self, target: nn.Module) -> EagleDrafter:
         """Check ``target`` and take its embedding (shared) and its LM head's rows
-        ``0 .. draft_vocab_size - 1`` (a copy, packed like the target's when it is prepared by
+        ``vocab_ids`` (a copy, packed like the target's when it is prepared by
         `specdec.pack_linear_layers`). Idempotent for the same LM head. Returns ``self``."""
         self.check(target)
         lm_head = target.get_output_embeddings()
         if self._target is not None and self._target.lm_head() is lm_head:
             return self
         with torch.no_grad():
-            head = lowest_ids_head(lm_head, self.config.draft_vocab_size).requires_grad_(False)
+            head = head_for_ids(lm_head, self.vocab_ids).requires_grad_(False)
         self._target = _Attached(target.get_input_embeddings(), head, dense_weight(lm_head).dtype,
                                  weakref.ref(lm_head))
         return self
@@ -211,10 +230,17 @@ class EagleDrafter(nn.Module):
                        use_cache=False).last_hidden_state
 
     def logits(self, features: Tensor) -> Tensor:
-        """``[..., draft_vocab_size]`` scores of ids ``0 .. draft_vocab_size - 1`` (in the
-        target's dtype: its LM head's rows)."""
+        """``[..., draft_vocab_size]`` scores of the ids ``vocab_ids`` (in the target's dtype: its
+        LM head's rows)."""
         attached = self._attached()
         return attached.head(features.to(attached.head_dtype))
+
+    def columns(self, ids: Tensor) -> Tensor:
+        """The column of :meth:`logits` that scores each of the target's ``ids`` (any shape), -1
+        for ids outside ``vocab_ids`` and for negative ones."""
+        at = torch.searchsorted(self.vocab_ids, ids.to(self.vocab_ids.device).clamp_min(0))
+        found = self.vocab_ids[at.clamp_max(len(self.vocab_ids) - 1)] == ids.to(self.vocab_ids.device)
+        return torch.where(found & (ids.to(at.device) >= 0), at, -1)
 
     def weights(self) -> dict[str, Tensor]:
         """The trained weights under the names of the saved file (and of vLLM's EAGLE models)."""
@@ -236,6 +262,7 @@ class EagleDrafter(nn.Module):
         if self.metrics is not None:
             meta["metrics"] = self.metrics
         state = {k: v.detach().cpu().contiguous() for k, v in self.weights().items()}
+        state["vocab_ids"] = self.vocab_ids.cpu()
         write_atomically(out / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp)))
         write_atomically(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
         return out
@@ -247,7 +274,8 @@ class EagleDrafter(nn.Module):
         meta, state = read_saved(directory, "EagleDrafter.load")
         config = EagleConfig(**{k: meta[k] for k in ("hidden_size", "target_vocab_size", "draft_vocab_size",
                                                      "layer_config", "target")})
-        drafter = cls(config, dtype=dtype or getattr(torch, meta.get("dtype", "float32")))
+        vocab_ids = state.pop("vocab_ids", None)  # absent: a drafter saved before it had one (the lowest ids)
+        drafter = cls(config, vocab_ids, dtype=dtype or getattr(torch, meta.get("dtype", "float32")))
         missing = sorted(set(drafter.weights()) - set(state))
         unknown = sorted(set(state) - set(drafter.weights()))
         if missing or unknown:
@@ -279,7 +307,7 @@ class _Attached:
     never moved with the drafter)."""
 
     embedding: nn.Module
-    head: nn.Module  # the LM head's rows 0 .. draft_vocab_size - 1 (a copy)
+    head: nn.Module  # the LM head's rows vocab_ids (a copy)
     head_dtype: torch.dtype
     lm_head: weakref.ref  # the target's LM head they came from
 

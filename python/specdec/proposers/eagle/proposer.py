@@ -160,7 +160,7 @@ class _EagleProposer(Proposer):
             return out.logits.float().log_softmax(-1)
 
         depth = min(method.max_draft_tokens, limit)
-        tree, n, passes = grow(self.logp, feed, branches, depth, limit, ctx, method.adaptive)
+        tree, n, passes = grow(self.logp, feed, branches, depth, limit, ctx, method.adaptive, self.drafter.vocab_ids)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
         proposal, _, self.first = select(tree, n, ctx.roots())
