@@ -68,7 +68,9 @@ class EagleTrainConfig:
     """What :func:`train_eagle` does; the fields besides its arguments are fixed choices.
 
     ``num_tokens``: tokens of text run through the target (training and held-out together).
-    ``draft_vocab_size``: how many ids the drafter scores (the module's docstring). ``batch_size``:
+    ``draft_vocab_size``: how many ids the drafter scores (the module's docstring; the default
+    suits the default budget: a small training set learns a few thousand common ids faster than
+    a wide softmax, and the head is much of each step's cost). ``batch_size``:
     whole chunks per step. ``heldout_every``: every n-th chunk is held out. ``feature_weight``,
     ``token_weight``: the losses' weights (the module's docstring says why these).
     ``grad_clip``: the gradient's norm is clipped to it (EAGLE's 0.5). ``depth``: the held-out
@@ -78,7 +80,7 @@ class EagleTrainConfig:
     """
 
     num_tokens: int = 20_000
-    draft_vocab_size: int = 32_768
+    draft_vocab_size: int = 2048
     chunk_tokens: int = 256
     heldout_every: int = 10
     epochs: int = 10
@@ -106,7 +108,7 @@ def train_eagle(
     tokenizer: Any,
     out_dir: str | os.PathLike[str],
     num_tokens: int = 20_000,
-    draft_vocab_size: int = 32_768,
+    draft_vocab_size: int = 2048,
     data: DataFiles = None,
     *,
     epochs: int = 10,

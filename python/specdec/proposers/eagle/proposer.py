@@ -189,7 +189,8 @@ class _EagleProposer(Proposer):
             self.deferred.add(tokens, features, count)
 
     def flush(self) -> None:
-        """Feed the deferred entries of root-only steps, in one drafter pass."""
+        """Feed the entries of the steps that drafted nothing since the last that did, in one
+        drafter pass."""
         if self.deferred is not None:
             deferred, self.deferred = self.deferred, None
             width = max(int(deferred.count.max()), 1)
