@@ -10,7 +10,7 @@ MODULES = [
     "specdec", "specdec.ops.verification", "specdec.ops.ngram", "specdec.ops.attention", "specdec.ops.kv_cache", "specdec.ops.ngram_pool", "specdec.model.cache", "specdec.model.forward", "specdec.model.prefill", "specdec.model.prompt_plan",
     "specdec.loop.sampling", "specdec.loop.cost_model", "specdec.models", "specdec.model.prepare",
     "specdec.loop.random_streams", "specdec.integrations.hf", "specdec.loop.generate", "specdec.proposers.medusa.trees", "specdec.proposers.merge",
-    "specdec.proposers.draft.tree", "specdec.proposers.draft.vocab", "specdec.training.corpus",
+    "specdec.proposers.draft.tree", "specdec.proposers.vocab", "specdec.training.corpus",
     "specdec.training.features",
 ]
 

@@ -194,8 +194,8 @@ def test_bad_arguments(tmp_path):
         EagleDrafter.load(tmp_path / "d")
     config = drafter.config
     for ids, message in ((torch.tensor([1, 2]), "2 vocab_ids for draft_vocab_size 96"),
-                         (torch.arange(95, 191), "distinct ids in 0..95"),
-                         (torch.cat([torch.arange(95), torch.tensor([3])]), "distinct ids in 0..95")):
+                         (torch.arange(95, 191), "vocab_ids must lie in 0..95"),
+                         (torch.cat([torch.arange(95), torch.tensor([3])]), "must not repeat an id")):
         with pytest.raises(ValueError, match=message):
             EagleDrafter(config, ids)
 

@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdec.model.prepare import dense_weight
 from specdec.proposers.eagle.drafter import EagleDrafter
+from specdec.proposers.vocab import head_rows
 from specdec.training.corpus import DataFiles
 from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.features import Features, commonest_ids
@@ -255,8 +255,8 @@ def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: T
     -1 where not learned and in the padding), the feature loss (smooth-L1 against ``f_{s+d}``)
     and the token loss (cross-entropy of ``head``'s scores, the drafter's columns, against
     ``labels[s + d]``) averaged over the starts s whose label is learned (0 where none is; the
-    token loss only over labels in the drafter's vocabulary). Deeper entries are fed the text's tokens: the labels and features they
-    learn were computed after those (the target's greedy tokens, which decoding's accepted
+    token loss only over labels in the drafter's vocabulary). Deeper entries are fed the text's
+    tokens: the labels and features they learn were computed after those (the target's greedy tokens, which decoding's accepted
     drafts follow, would leave an entry's input and its targets on different paths wherever the
     text leaves the greedy one)."""
     rows = []
@@ -306,12 +306,8 @@ def _head(model: nn.Module, vocab_ids: Tensor, dtype: torch.dtype) -> Callable[[
     """Scores of ``vocab_ids`` by the target's LM head, as ``drafter.logits`` gives them, from a
     plain copy of its rows in the drafter's dtype: a prepared (packed) head has no backward, and
     a bfloat16 head would not take the drafter's float32 features."""
-    lm_head = model.get_output_embeddings()
-    weight = dense_weight(lm_head)
-    rows = vocab_ids.to(weight.device)
-    weight = weight.index_select(0, rows).detach().to(dtype, copy=True)
-    bias = getattr(lm_head, "bias", None)
-    bias = bias.index_select(0, rows).detach().to(dtype, copy=True) if bias is not None else None
+    weight, bias = head_rows(model.get_output_embeddings(), vocab_ids)  # new tensors
+    weight, bias = weight.detach().to(dtype), None if bias is None else bias.detach().to(dtype)
     return lambda features: F.linear(features.to(dtype), weight, bias)
 
 

@@ -64,7 +64,8 @@ def export_eagle(drafter: Any, out_dir: str | os.PathLike[str]) -> Path:
     or Qwen2 family (:data:`SUPPORTED_MODEL_TYPES`): vLLM builds its EAGLE layer as a Llama layer.
 
     vLLM scores the target's full vocabulary with the target's LM head; the drafter's reduced
-    vocabulary (``vocab_ids``, which specdec scores alone) is not carried over, and vLLM drafts a chain of its top-1 tokens, not specdec's tree.
+    vocabulary (``vocab_ids``, which specdec scores alone) is not carried over, and vLLM drafts a
+    chain of its top-1 tokens, not specdec's tree.
 
     Raises ValueError for an unsupported architecture or weights that do not match the config,
     FileNotFoundError for a directory without the drafter's files.

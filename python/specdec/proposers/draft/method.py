@@ -10,7 +10,7 @@ from torch import Tensor
 
 from specdec.renamed import take_aliases, warn_renamed
 from specdec.proposers.draft.proposer import draft_proposer
-from specdec.proposers.draft.vocab import head_for_ids
+from specdec.proposers.vocab import head_for_ids
 from specdec.loop.protocol import Context, Method, StepResult
 
 

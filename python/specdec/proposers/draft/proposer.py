@@ -15,7 +15,7 @@ from torch import Tensor
 from specdec.model.cache import SpecCache
 from specdec.proposers.draft.lookup import propose_with_lookup
 from specdec.proposers.draft.tree import fed_slots, grow, select
-from specdec.proposers.draft.vocab import check_vocabulary, vocab_size
+from specdec.proposers.vocab import check_vocabulary, vocab_size
 from specdec.loop.protocol import Context, Proposal, Proposer, StepResult
 from specdec.loop.verify import draw
 from specdec.loop.random_streams import DRAFT, TOKEN

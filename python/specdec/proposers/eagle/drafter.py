@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from specdec.model.prepare import PackedLinear, dense_weight
-from specdec.proposers.draft.vocab import head_for_ids
+from specdec.proposers.vocab import check_vocab_ids, head_for_ids
 from specdec.proposers.eagle.files import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, read_saved
 from specdec.proposers.files import write_atomically
 
@@ -121,9 +121,7 @@ class EagleDrafter(nn.Module):
         vocab_ids = torch.as_tensor(vocab_ids).long().flatten().sort().values
         if len(vocab_ids) != config.draft_vocab_size:
             raise ValueError(f"EagleDrafter: {len(vocab_ids)} vocab_ids for draft_vocab_size {config.draft_vocab_size}")
-        if len(vocab_ids) and (int(vocab_ids[0]) < 0 or int(vocab_ids[-1]) >= config.target_vocab_size
-                               or bool((vocab_ids[1:] == vocab_ids[:-1]).any())):
-            raise ValueError(f"EagleDrafter: vocab_ids must be distinct ids in 0..{config.target_vocab_size - 1}")
+        check_vocab_ids(vocab_ids, config.target_vocab_size, "EagleDrafter")
         self.register_buffer("vocab_ids", vocab_ids.to(device), persistent=False)
         H = config.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=False, dtype=dtype, device=device)
@@ -238,9 +236,9 @@ class EagleDrafter(nn.Module):
     def columns(self, ids: Tensor) -> Tensor:
         """The column of :meth:`logits` that scores each of the target's ``ids`` (any shape), -1
         for ids outside ``vocab_ids`` and for negative ones."""
-        at = torch.searchsorted(self.vocab_ids, ids.to(self.vocab_ids.device).clamp_min(0))
-        found = self.vocab_ids[at.clamp_max(len(self.vocab_ids) - 1)] == ids.to(self.vocab_ids.device)
-        return torch.where(found & (ids.to(at.device) >= 0), at, -1)
+        ids = ids.to(self.vocab_ids.device)
+        at = torch.searchsorted(self.vocab_ids, ids).clamp_max(len(self.vocab_ids) - 1)
+        return torch.where(self.vocab_ids[at] == ids, at, -1)  # a negative id matches no vocab id
 
     def weights(self) -> dict[str, Tensor]:
         """The trained weights under the names of the saved file (and of vLLM's EAGLE models)."""

@@ -181,20 +181,22 @@ class _EagleProposer(Proposer):
         width = max(int(count.max()), 1) if self.drafted else path.shape[1]  # a host read only to feed now
         columns = torch.arange(width, device=start.device)
         tokens = torch.gather(ctx.tokens, 1, (start[:, None] + 1 + columns).clamp_max(ctx.tokens.shape[1] - 1))
-        features = path[:, :width] * (columns < count[:, None])[..., None]
+        committed = columns < count[:, None]
+        features = path[:, :width] * committed[..., None]
         if self.drafted:
             self.feed(tokens, features, count)
         else:
-            self.deferred = self.deferred or _Deferred.empty(features)
-            self.deferred.add(tokens, features, count)
+            self.deferred = self.deferred or _Deferred([], [], [], torch.zeros_like(count))
+            self.deferred.add(tokens, features, committed)
 
     def flush(self) -> None:
         """Feed the entries of the steps that drafted nothing since the last that did, in one
         drafter pass."""
         if self.deferred is not None:
             deferred, self.deferred = self.deferred, None
+            tokens, features = deferred.entries()
             width = max(int(deferred.count.max()), 1)
-            self.feed(deferred.tokens[:, :width], deferred.features[:, :width], deferred.count)
+            self.feed(tokens[:, :width], features[:, :width], deferred.count)
 
     def _contained(self, step: StepResult) -> dict[int, Tensor]:
         """What the shapes within this step's (those after it: tree, chain, none) would have had
@@ -223,29 +225,30 @@ class _EagleProposer(Proposer):
 
 @dataclass
 class _Deferred:
-    """Entries of steps that drafted nothing, not yet fed to the drafter: each row's in order,
-    right-padded (with zero features) to the longest row's."""
+    """Entries of steps that drafted nothing, not yet fed to the drafter: per step, its tokens
+    ``[B, W]``, the target's features ``[B, W, H]`` (zero where not committed) and which of them
+    each row committed ``[B, W]`` (a prefix)."""
 
-    tokens: Tensor    # [B, P] x_{t+1}
-    features: Tensor  # [B, P, H] f_t, the target's
-    count: Tensor     # [B] entries per row
+    tokens: list[Tensor]
+    features: list[Tensor]
+    committed: list[Tensor]
+    count: Tensor  # [B] committed entries per row, over the steps
 
-    @classmethod
-    def empty(cls, features: Tensor) -> _Deferred:
-        B, _, H = features.shape
-        count = torch.zeros(B, dtype=torch.long, device=features.device)
-        return cls(count.new_zeros(B, 0), features.new_zeros(B, 0, H), count)
-
-    def add(self, tokens: Tensor, features: Tensor, count: Tensor) -> None:
-        """One step's entries: ``tokens [B, W]``, ``features [B, W, H]``, the first ``count[b]``
-        of row b (the rest padding, written past the row's entries)."""
-        B, W, H = features.shape
-        self.tokens = torch.cat([self.tokens, tokens.new_zeros(B, W)], 1)
-        self.features = torch.cat([self.features, features.new_zeros(B, W, H)], 1)
-        at = self.count[:, None] + torch.arange(W, device=count.device)
-        self.tokens.scatter_(1, at, tokens)
-        self.features.scatter_(1, at[..., None].expand(-1, -1, H), features)
-        self.count = self.count + count
+    def add(self, tokens: Tensor, features: Tensor, committed: Tensor) -> None:
+        self.tokens.append(tokens)
+        self.features.append(features)
+        self.committed.append(committed)
+        self.count = self.count + committed.sum(1)
 
     def rows(self, rows: Tensor) -> _Deferred:
-        return _Deferred(self.tokens[rows], self.features[rows], self.count[rows])
+        return _Deferred([t[rows] for t in self.tokens], [f[rows] for f in self.features],
+                         [c[rows] for c in self.committed], self.count[rows])
+
+    def entries(self) -> tuple[Tensor, Tensor]:
+        """Each row's committed entries in order, then padding: tokens ``[B, P]``, features
+        ``[B, P, H]`` (zero in the padding)."""
+        committed = torch.cat(self.committed, 1)
+        order = torch.sort((~committed).to(torch.int8), dim=1, stable=True).indices  # committed first, in order
+        features = torch.cat(self.features, 1)
+        return (torch.gather(torch.cat(self.tokens, 1), 1, order),
+                torch.gather(features, 1, order[..., None].expand(-1, -1, features.shape[-1])))

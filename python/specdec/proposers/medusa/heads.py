@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdec.model.prepare import dense_weight
 from specdec.proposers.files import write_atomically
+from specdec.proposers.vocab import check_vocab_ids, head_rows
 
 __all__ = ["FORMAT", "RANKS", "MedusaConfig", "MedusaHeads", "ResBlock"]
 
@@ -137,7 +137,7 @@ class MedusaHeads(nn.Module):
                 raise ValueError("MedusaHeads: heads on the target's LM head need vocab_ids")
             vocab_ids = torch.arange(config.target_vocab_size)
         vocab_ids = torch.as_tensor(vocab_ids, device=device).long()
-        _check_vocab_ids(vocab_ids, config.target_vocab_size)
+        check_vocab_ids(vocab_ids, config.target_vocab_size, "MedusaHeads")
         if len(vocab_ids) != config.vocab_size:
             raise ValueError(f"MedusaHeads: {len(vocab_ids)} vocab_ids for vocab_size {config.vocab_size}")
         self.register_buffer("vocab_ids", vocab_ids)
@@ -219,11 +219,9 @@ class MedusaHeads(nn.Module):
         if self.head_weight is not None or (self._attached is not None and self._attached() is lm_head):
             return self
         with torch.no_grad():
-            weight = dense_weight(lm_head)
-            rows = self.vocab_ids.to(weight.device)
-            self.shared_weight = weight.index_select(0, rows).to(self.vocab_ids.device, self.dtype)
-            self.shared_bias = (None if lm_head.bias is None else
-                                lm_head.bias.index_select(0, rows).to(self.vocab_ids.device, self.dtype))
+            weight, bias = head_rows(lm_head, self.vocab_ids)
+            self.shared_weight = weight.to(self.vocab_ids.device, self.dtype)
+            self.shared_bias = None if bias is None else bias.to(self.vocab_ids.device, self.dtype)
         self._attached = weakref.ref(lm_head)
         return self
 
@@ -296,15 +294,6 @@ def _lm_head(model: nn.Module) -> nn.Module:
 
 def _model_name(model: nn.Module) -> str | None:
     return getattr(getattr(model, "config", None), "name_or_path", None) or None
-
-
-def _check_vocab_ids(vocab_ids: Tensor, target_vocab: int) -> None:
-    if vocab_ids.dim() != 1 or len(vocab_ids) == 0:
-        raise ValueError(f"MedusaHeads: vocab_ids must be a non-empty 1-D tensor, got shape {tuple(vocab_ids.shape)}")
-    if int(vocab_ids.min()) < 0 or int(vocab_ids.max()) >= target_vocab:
-        raise ValueError(f"MedusaHeads: vocab_ids must lie in 0..{target_vocab - 1}")
-    if len(torch.unique(vocab_ids)) != len(vocab_ids):
-        raise ValueError("MedusaHeads: vocab_ids must not repeat an id")
 
 
 def _load_ours(path: Path, meta: dict[str, Any]) -> MedusaHeads:

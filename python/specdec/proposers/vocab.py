@@ -1,6 +1,7 @@
-"""A draft's vocabulary: the check that a draft model's is the target's, and the reduced LM
-head that scores only some ids (``DraftModel(draft_vocab_size=N)``: ids ``0 .. N-1``; an EAGLE
-drafter: its ``vocab_ids``)."""
+"""Reduced vocabularies: the check that a draft model's vocabulary is the target's, the check of
+a list of kept ids, and the target's LM head restricted to some ids
+(``DraftModel(draft_vocab_size=N)``: ids ``0 .. N-1``; Medusa heads and EAGLE drafters: their
+``vocab_ids``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from specdec.model.prepare import PackedLinear, PackingConfig, dense_weight
 
-__all__ = ["check_vocabulary", "head_for_ids", "vocab_size"]
+__all__ = ["check_vocab_ids", "check_vocabulary", "head_for_ids", "head_rows", "vocab_size"]
 
 
 def vocab_size(model: torch.nn.Module) -> int:
@@ -34,6 +35,36 @@ def check_vocabulary(draft: torch.nn.Module, target: torch.nn.Module, shared_voc
     return vocab[1]
 
 
+def check_vocab_ids(vocab_ids: torch.Tensor, target_vocab_size: int, who: str) -> None:
+    """Raise ValueError (starting with ``who``) unless ``vocab_ids`` is a reduced vocabulary of a
+    target scoring ``target_vocab_size`` ids: a non-empty 1-D tensor of distinct ids in range."""
+    if vocab_ids.dim() != 1 or len(vocab_ids) == 0:
+        raise ValueError(f"{who}: vocab_ids must be a non-empty 1-D tensor, got shape {tuple(vocab_ids.shape)}")
+    if int(vocab_ids.min()) < 0 or int(vocab_ids.max()) >= target_vocab_size:
+        raise ValueError(f"{who}: vocab_ids must lie in 0..{target_vocab_size - 1}")
+    if len(torch.unique(vocab_ids)) != len(vocab_ids):
+        raise ValueError(f"{who}: vocab_ids must not repeat an id")
+
+
+def head_rows(lm_head: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight rows and bias entries (None without a bias) of an LM head (``nn.Linear``, or
+    prepared: ``PackedLinear``) for ``ids``, dense and in its dtype and device: new tensors.
+
+    Example:
+        >>> head = torch.nn.Linear(8, 100)
+        >>> weight, bias = head_rows(head, torch.tensor([4, 90]))
+        >>> torch.equal(weight, head.weight[[4, 90]]), torch.equal(bias, head.bias[[4, 90]])
+        (True, True)
+    """
+    try:
+        weight = dense_weight(lm_head)
+    except ValueError as e:
+        raise ValueError(f"a reduced vocabulary needs a linear LM head: {e}") from None
+    rows = ids.to(weight.device)
+    bias = getattr(lm_head, "bias", None)
+    return weight.index_select(0, rows), None if bias is None else bias.index_select(0, rows)
+
+
 def head_for_ids(lm_head: torch.nn.Module, ids: int | torch.Tensor) -> torch.nn.Module:
     """A copy of an LM head (``nn.Linear``, or prepared: ``PackedLinear``) scoring only ``ids``
     (a 1-D tensor of ids, its columns in that order; an int n: ids 0 .. n-1).
@@ -47,17 +78,15 @@ def head_for_ids(lm_head: torch.nn.Module, ids: int | torch.Tensor) -> torch.nn.
         >>> torch.allclose(some(x), head(x)[:, [4, 7, 90]])
         True
     """
-    try:
-        weight = dense_weight(lm_head)
-    except ValueError as e:
-        raise ValueError(f"a reduced vocabulary needs a linear LM head: {e}") from None
-    rows = (torch.arange(min(ids, weight.shape[0])) if isinstance(ids, int) else ids).to(weight.device)
-    sub = torch.nn.Linear(weight.shape[1], len(rows), bias=lm_head.bias is not None,
+    if isinstance(ids, int):
+        ids = torch.arange(min(ids, getattr(lm_head, "out_features", ids)))
+    weight, bias = head_rows(lm_head, ids)
+    sub = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
                           device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
-        sub.weight.copy_(weight.index_select(0, rows))
-        if lm_head.bias is not None:
-            sub.bias.copy_(lm_head.bias.index_select(0, rows))
+        sub.weight.copy_(weight)
+        if bias is not None:
+            sub.bias.copy_(bias)
     # A prepared head stays prepared: packed products are faster on CPU, one-row ones too
     # (docs/benchmarks.md). Not padded: a draft's logits need no row-count invariance
     # (PackingConfig.for_draft).
