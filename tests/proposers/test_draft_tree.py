@@ -6,6 +6,7 @@ test_verify_loop (their method lists include trees)."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -15,8 +16,8 @@ from support.models import perturbed, tiny_lm
 import specdec
 from specdec.model.cache import SpecCache
 from specdec.loop.cost_model import CostModel
-from specdec.proposers.draft.tree import grow, select
-from specdec.loop.protocol import Context
+from specdec.proposers.draft.tree import Calibration, grow, select
+from specdec.loop.protocol import Context, Proposal
 from specdec.loop.sampling import Sampling
 from specdec.model.attention import enable_tree_attention
 from specdec.model.forward import tree_forward
@@ -78,7 +79,7 @@ def test_grown_tree_is_eagle2_expansion_over_what_each_node_sees(k, depth, n):
         assert torch.equal(pos, (lengths - 1 + d)[:, None].expand_as(pos))
     want = reference_tree(k, depth, n, vocab)
     assert count == len(want)
-    proposal, slots, first = select(tree, count, ctx.roots())
+    proposal, slots, first, _ = select(tree, count, ctx.roots())
     for b in range(B):
         par, toks = proposal.parents[b].tolist(), proposal.tokens[b].tolist()
         got = {}
@@ -100,6 +101,39 @@ def test_grown_tree_is_eagle2_expansion_over_what_each_node_sees(k, depth, n):
         for path, i in got.items():
             assert bool(first[b, i]) == (path[-1] == int(fake_logp(path[:-1], vocab).argmax()))
         assert not first[b, 0]
+
+
+def test_calibration_counts_the_nodes_the_target_tried():
+    # Nodes 1 and 2 are the root's children, node 3 node 1's, node 4 node 2's; the target
+    # accepted node 1 and rejected node 3: nodes 1, 2 and 3 were tried (their parent was
+    # accepted), node 4 was not. Scores were drafted with a log-scale of log(0.5); what is
+    # counted is the drafter's own probability of each tried node given its parent.
+    half = math.log(0.5)
+    cond = torch.tensor([0.5, 0.3, 0.4, 0.9]).log() + half
+    score = torch.tensor([[0.0, cond[0], cond[1], cond[0] + cond[2], cond[1] + cond[3]]])
+    proposal = Proposal(torch.tensor([[9, 1, 2, 3, 4]]), torch.tensor([[-1, 0, 0, 1, 2]]))
+    cal = Calibration(prior=1.0, decay=1.0)
+    cal.observe(proposal, score, torch.tensor([[0, 1, -1, -1]]), torch.tensor([True]), half)
+    assert cal.accepted == 1.0 and cal.predicted == pytest.approx(1.2)
+    cal.observe(proposal, score, torch.tensor([[0, 1, -1, -1]]), torch.tensor([False]), half)  # a finished row
+    assert cal.predicted == pytest.approx(1.2)
+    assert math.exp(cal.log_scale) == pytest.approx(2 / 2.2)
+    assert Calibration(accepted=9.0, predicted=1.0).log_scale == 0.0  # underconfident: not taken
+
+
+def test_calibrated_scores_verify_fewer_nodes_where_the_drafter_overstates():
+    # A first choice the drafter gives 0.6: at these costs verifying it pays (1.6 tokens for
+    # 135 ms against 1 for 105); at a quarter of that (0.15) it does not, and the step verifies
+    # nothing.
+    ctx = Context(torch.zeros(1, 8, dtype=torch.long), torch.tensor([4]), torch.zeros(1, dtype=torch.bool),
+                  Sampling(), None, CostModel({1: 100.0, 2: 130.0, 4: 200.0}, draft_ms_per_token=5.0))
+    first = torch.tensor([[0.6, 0.25, 0.1, 0.05]]).log()
+    feed = None  # one level: no draft pass after the first
+
+    def verified(log_scale: float) -> int:
+        return grow(first, feed, 2, 1, 4, ctx, adaptive=True, log_scale=log_scale)[1]
+
+    assert verified(0.0) == 1 and verified(math.log(0.25)) == 0
 
 
 def test_pending_nodes_are_seen_as_the_mask_says(device):

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from specdec.model.cache import SpecCache
 from specdec.proposers.draft.lookup import propose_with_lookup
-from specdec.proposers.draft.tree import fed_slots, grow, select
+from specdec.proposers.draft.tree import Calibration, fed_slots, grow, select
 from specdec.proposers.vocab import check_vocabulary, vocab_size
 from specdec.loop.protocol import Context, Proposal, Proposer, StepResult
 from specdec.loop.verify import draw
@@ -65,6 +65,9 @@ class _DraftProposer(Proposer):
                         d.reduced_head()) for d in drafts]
         self.tree_slots: Tensor | None = None  # the last tree proposal's nodes' draft slots
         self.first: Tensor | None = None       # and which are the draft's first choices (its chain)
+        # The draft's probabilities against what the target accepts (adaptive trees' sizing).
+        self.calibration = Calibration() if method.adaptive and method.branches > 1 else None
+        self.verified: tuple[Proposal, Tensor, float] | None = None  # a tree step's, for the calibration
         self.target_vocab = target_vocab
         # Ids every draft may propose: below the shared part of the vocabularies (and heads).
         self.proposable = min(min(vocab_size(d.model), d.shared_vocab or target_vocab,
@@ -185,11 +188,13 @@ class _DraftProposer(Proposer):
         def feed(tokens: Tensor, mask: Tensor, positions: Tensor, pending: int, parent_slot: Tensor) -> Tensor:
             return self._log_probs(self.score(tokens, None, sampling, (mask, positions, pending)), sampling)
 
+        log_scale = self.calibration.log_scale if self.calibration else 0.0
         tree, n, passes = grow(self._log_probs(scores, sampling), feed, self.method.branches, depth, limit, ctx,
-                               self.method.adaptive)
+                               self.method.adaptive, log_scale=log_scale)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
-        proposal, self.tree_slots, self.first = select(tree, n, ctx.roots())
+        proposal, self.tree_slots, self.first, score = select(tree, n, ctx.roots())
+        self.verified = (proposal, score, log_scale) if self.calibration and n else None
         return proposal
 
     def _prefill_waiting(self, batch: _DraftProposer | None) -> None:
@@ -221,6 +226,10 @@ class _DraftProposer(Proposer):
             # chain's yield; its own steps' length may differ: an estimate).
             chain = None if self.first is None else {1: accepted_within(step.accept_path, self.first)}
             self.shape.emitted(step.accept_len, self.live, chain)
+        if self.verified is not None:
+            proposal, score, log_scale = self.verified
+            self.calibration.observe(proposal, score, step.accept_path, self.live, log_scale)
+            self.verified = None
         if self.tree_slots is not None:
             # Move the accepted nodes' entries into place: those fed to the draft, a prefix of
             # the accepted path (a fed node's parent was fed too).

@@ -14,7 +14,7 @@ from specdec.loop.shape_choice import accepted_within, choice_for
 from specdec.model.cache import SpecCache
 from specdec.model.forward import forward_pass
 from specdec.model.prefill import prefill_pass
-from specdec.proposers.draft.tree import fed_slots, grow, select
+from specdec.proposers.draft.tree import Calibration, fed_slots, grow, select
 from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.renamed import take_aliases
 
@@ -121,6 +121,9 @@ class _EagleProposer(Proposer):
         self.shape = choice_for(shapes, method.adaptive)
         self.live = torch.zeros(0)
         self.first: Tensor | None = None  # a tree step's nodes that are the drafter's first choices
+        # The drafter's probabilities against what the target accepts (adaptive sizing).
+        self.calibration = Calibration() if method.adaptive else None
+        self.verified: tuple[Proposal, Tensor, float] | None = None  # this step's, for the calibration
         self.drafted = False  # whether this step's pass holds drafted nodes
         self.deferred: _Deferred | None = None  # root-only steps' entries, not yet fed
 
@@ -160,15 +163,22 @@ class _EagleProposer(Proposer):
             return out.logits.float().log_softmax(-1)
 
         depth = min(method.max_draft_tokens, limit)
-        tree, n, passes = grow(self.logp, feed, branches, depth, limit, ctx, method.adaptive, self.drafter.vocab_ids)
+        log_scale = self.calibration.log_scale if self.calibration else 0.0
+        tree, n, passes = grow(self.logp, feed, branches, depth, limit, ctx, method.adaptive, self.drafter.vocab_ids,
+                               log_scale)
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
-        proposal, _, self.first = select(tree, n, ctx.roots())
+        proposal, _, self.first, score = select(tree, n, ctx.roots())
+        self.verified = (proposal, score, log_scale) if self.calibration and n else None
         return proposal
 
     def update(self, ctx: Context, step: StepResult) -> None:
         if self.shape:
             self.shape.emitted(step.accept_len, self.live, self._contained(step))
+        if self.verified is not None:
+            proposal, score, log_scale = self.verified
+            self.calibration.observe(proposal, score, step.accept_path, self.live, log_scale)
+            self.verified = None
         start = self.cache.lengths if self.deferred is None else self.cache.lengths + self.deferred.count
         count = (ctx.lengths - 1 - start).clamp_min(0)
         # The entries of the committed tokens, with the target's hidden states along the
