@@ -194,7 +194,7 @@ class _DraftProposer(Proposer):
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
         proposal, self.tree_slots, self.first, score = select(tree, n, ctx.roots())
-        self.verified = (proposal, score, log_scale) if self.calibration and n else None
+        self.verified = (proposal, score, log_scale) if self.calibration else None
         return proposal
 
     def _prefill_waiting(self, batch: _DraftProposer | None) -> None:

@@ -45,16 +45,15 @@ class DraftedTree:
 class Calibration:
     """How far a drafter's probabilities overstate what the target accepts, measured as it runs.
 
-    A drafter trained briefly is overconfident: an EAGLE drafter for Qwen2.5-Coder-1.5B after
-    30 minutes on this CPU gave its first choice 0.52 on average where the target accepted 0.25
-    of them (0.30 where it said more than 0.8). Sizing trees from such scores verifies nodes
-    that do not pay. So each step's verified nodes whose parent was accepted (those the target
-    tried) are counted: how many it accepted against the drafter's summed probability of them,
-    over recent steps (``decay`` per step) on top of ``prior`` nodes at face value. Their ratio,
-    never above 1, scales each node's probability given its parent (`log_scale` is added to
-    its log-probability); a ratio above 1 (an underconfident drafter) is not taken, as it
-    would rank a child above its parent. When drafts stop being verified, the counts decay to
-    the prior and the drafter gets tried again.
+    A drafter trained briefly is overconfident (an EAGLE drafter trained for 30 minutes on a
+    CPU says about twice what the target accepts: docs/benchmarks.md), and trees sized from its
+    scores verify nodes that do not pay. So each step's verified nodes whose parent was
+    accepted (those the target tried) are counted: how many it accepted against the drafter's
+    summed probability of them, over recent steps (``decay`` per step) on top of ``prior``
+    nodes at face value. Their ratio, never above 1, scales each node's probability given its
+    parent (`log_scale` is added to its log-probability); a ratio above 1 (an underconfident
+    drafter) is not taken, as it would rank a child above its parent. Steps that verify no
+    drafted node decay the counts too, so a drafter priced out gets tried again.
 
     Example (steps where the target accepts a quarter of what the drafter predicts):
         >>> cal = Calibration()

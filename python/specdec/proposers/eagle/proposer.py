@@ -169,7 +169,7 @@ class _EagleProposer(Proposer):
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
         proposal, _, self.first, score = select(tree, n, ctx.roots())
-        self.verified = (proposal, score, log_scale) if self.calibration and n else None
+        self.verified = (proposal, score, log_scale) if self.calibration else None
         return proposal
 
     def update(self, ctx: Context, step: StepResult) -> None:
