@@ -3,6 +3,8 @@
 and chains, ragged batches, ensembles, reduced vocabularies), bad input. The sampling
 distribution, seeded equality, queues and finished rows run over support.decoding.METHODS."""
 
+import dataclasses
+
 import pytest
 import torch
 from support.decoding import PROMPTS, assert_greedy_identity, hf_greedy, left_padded
@@ -60,11 +62,15 @@ class Schedule:
         self.shapes, self.cycle, self.fed = shapes, cycle, fed
         self.current, self.picks, self.fed_before = None, [], []
 
+    def next(self):
+        return self.cycle[len(self.picks) % len(self.cycle)]
+
     def choose(self, budgeted=False):
-        # A step whose node budget the loop set keeps the full shape, untimed, as ShapeChoice does.
-        pick = self.cycle[len(self.picks) % len(self.cycle)]
+        # A step whose node budget was set keeps the full shape, untimed, as ShapeChoice does
+        # ("none": a budget of no nodes, as pacing and ensembles give).
+        pick = self.next()
         self.current = None if budgeted else self.shapes.index(pick)
-        self.picks.append("budgeted" if budgeted else pick)
+        self.picks.append(pick)
         self.fed_before.append(len(self.fed))
         return self.current or 0
 
@@ -74,7 +80,7 @@ class Schedule:
 
 class Watched(specdec.Eagle):
     """Eagle that notes whether each step drafted; given a ``cycle``, its steps take those
-    shapes in turn."""
+    shapes in turn ("none": a step given no nodes)."""
 
     cycle = None
 
@@ -85,6 +91,8 @@ class Watched(specdec.Eagle):
         propose, self.drafted = proposer.propose, []
 
         def watched(ctx):
+            if self.cycle and self.schedule.next() == "none":
+                ctx = dataclasses.replace(ctx, max_nodes=0)
             proposal = propose(ctx)
             self.drafted.append(proposal.tokens.shape[1] > 1)
             return proposal

@@ -1,9 +1,7 @@
 """Per-step choice between a method's full shape and the simpler shapes it contains.
 
-A token tree contains its chain, lookahead contains prompt lookup, an ensemble contains each of
-its members, and `Eagle`'s chain contains one-token decoding ("none": no candidates, since its
-drafter, unlike a draft model, may predict too little to pay for any pass over its nodes). Each
-of those sizes its nodes from the pass-cost model, but that model does not see all a step costs
+A token tree contains its chain, lookahead contains prompt lookup, and an ensemble contains each
+of its members. Each of those sizes its nodes from the pass-cost model, but that model does not see all a step costs
 (a tree's draft passes over several nodes, the window's bookkeeping, the merging of members'
 trees), nor whether the extra nodes were accepted more than the simpler shape's would have
 been. So the method measures each shape as it runs and takes the one with the most tokens per

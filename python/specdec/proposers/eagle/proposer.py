@@ -30,10 +30,10 @@ class Eagle(Method):
     pass per level, and the target verifies the most probable nodes of the whole tree, at most
     ``tree_nodes``. ``tree=None``: a chain (the drafter's first choice at each level). With
     ``adaptive=True`` (default) the measured drafter and target pass costs decide how many
-    levels (up to ``max_draft_tokens``) and how many nodes pay, and each step drafts the tree,
-    the chain, or nothing (one-token decoding), whichever has emitted the most tokens per ms so
-    far (measured per step, the contained shapes' tokens on the steps of those containing them:
-    `specdec.loop.shape_choice`);
+    levels (up to ``max_draft_tokens``) and how many nodes pay (the drafter's probabilities
+    calibrated against what the target accepts: `specdec.proposers.draft.tree.Calibration`), and
+    each step drafts the tree or the chain, whichever has emitted the most tokens per ms so far
+    (measured per step, the chain's tokens on tree steps too: `specdec.loop.shape_choice`);
     else ``max_draft_tokens`` levels and ``tree_nodes`` nodes. ``num_speculative_tokens`` (vLLM's name) is accepted for
     ``max_draft_tokens``.
 
@@ -115,10 +115,12 @@ class _EagleProposer(Proposer):
         self.method, self.drafter, self.cache = method, method.drafter, cache
         self.logp: Tensor | None = None     # [B, V'] the drafter's next-token log-probabilities after the root
         self.feature: Tensor | None = None  # [B, H] its predicted hidden state at the root
-        # A tree contains its chain, and both one-token decoding: with ``adaptive``, each step
-        # drafts whichever has emitted the most tokens per ms (measured per step).
-        shapes = ("tree", "chain", "none") if method.branches > 1 else ("chain", "none")
-        self.shape = choice_for(shapes, method.adaptive)
+        # A tree contains its chain: with ``adaptive``, each step drafts whichever has emitted
+        # the most tokens per ms (measured per step). Not one-token steps as a shape: the gain
+        # of a weak drafter's chain over them (5-20%) hides in per-step yields of 0 or 1 token,
+        # and after a few unlucky steps the choice kept them (docs/benchmarks.md); the chain's
+        # own sizing (`grow`, calibrated) drafts nothing where nothing pays.
+        self.shape = choice_for(("tree", "chain"), method.adaptive and method.branches > 1)
         self.live = torch.zeros(0)
         self.first: Tensor | None = None  # a tree step's nodes that are the drafter's first choices
         # The drafter's probabilities against what the target accepts (adaptive sizing).
@@ -141,7 +143,7 @@ class _EagleProposer(Proposer):
         branches = method.branches if shape in ("tree", None) else 1
         self.live, self.first = ~ctx.finished, None
         limit = ctx.node_budget(method.tree_nodes if branches > 1 else method.max_draft_tokens)
-        self.drafted = limit > 0 and shape != "none"
+        self.drafted = limit > 0
         if not self.drafted:
             return Proposal.root_only(ctx.roots())
         self.flush()
@@ -209,15 +211,12 @@ class _EagleProposer(Proposer):
             self.feed(tokens[:, :width], features[:, :width], deferred.count)
 
     def _contained(self, step: StepResult) -> dict[int, Tensor]:
-        """What the shapes within this step's (those after it: tree, chain, none) would have had
-        accepted: the chain, as far as the tree's first choices took it; none, nothing."""
+        """What the chain would have had accepted on a tree step: as far as the tree's first
+        choices took it."""
         shapes, current = self.shape.shapes, self.shape.current
-        if current is None or shapes[current] == "none":
+        if current is None or shapes[current] != "tree":
             return {}
-        contained = {shapes.index("none"): torch.zeros_like(step.accept_len)}
-        if shapes[current] == "tree":
-            contained[shapes.index("chain")] = accepted_within(step.accept_path, self.first)
-        return contained
+        return {shapes.index("chain"): accepted_within(step.accept_path, self.first)}
 
     def keep_rows(self, rows: Tensor) -> None:
         self.cache.keep_rows(rows)
