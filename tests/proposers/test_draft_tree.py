@@ -113,10 +113,13 @@ def test_calibration_counts_the_nodes_the_target_tried():
     score = torch.tensor([[0.0, cond[0], cond[1], cond[0] + cond[2], cond[1] + cond[3]]])
     proposal = Proposal(torch.tensor([[9, 1, 2, 3, 4]]), torch.tensor([[-1, 0, 0, 1, 2]]))
     cal = Calibration(prior=1.0, decay=1.0)
-    cal.observe(proposal, score, torch.tensor([[0, 1, -1, -1]]), torch.tensor([True]), half)
-    assert cal.accepted == 1.0 and cal.predicted == pytest.approx(1.2)
-    cal.observe(proposal, score, torch.tensor([[0, 1, -1, -1]]), torch.tensor([False]), half)  # a finished row
-    assert cal.predicted == pytest.approx(1.2)
+    cal.drafted(proposal, score, half)
+    cal.verified(torch.tensor([[0, 1, -1, -1]]), torch.tensor([True]))
+    assert float(cal.accepted) == 1.0 and float(cal.predicted) == pytest.approx(1.2)
+    cal.verified(torch.tensor([[0, 1, -1, -1]]), torch.tensor([True]))  # nothing drafted since: nothing counted
+    cal.drafted(proposal, score, half)
+    cal.verified(torch.tensor([[0, 1, -1, -1]]), torch.tensor([False]))  # a finished row
+    assert float(cal.predicted) == pytest.approx(1.2)
     assert math.exp(cal.log_scale) == pytest.approx(2 / 2.2)
     assert Calibration(accepted=9.0, predicted=1.0).log_scale == 0.0  # underconfident: not taken
 

@@ -19,8 +19,9 @@ from specdec.loop.cost_model import EXPLORE_EVERY
 from specdec.loop.shape_choice import FAR_EVERY, MIN_SAMPLES, ShapeChoice
 
 
-def chosen_shapes(monkeypatch, method, target_ms, draft_ms=3.0, prompt=PROMPTS[0], new=60) -> list[int]:
-    """The shape each step took (``method``'s drafts timed too), its output checked."""
+def recorded(monkeypatch, method, target_ms, draft_ms=3.0, prompt=PROMPTS[0], new=60) -> Recording:
+    """``method``'s run on a synthetic clock (its drafts timed too), its steps and shapes
+    recorded, its output checked."""
     target = tiny_lm("llama", seed=25)
     drafts = [model for model in method.models]
     clock = SyntheticClock(target, drafts, target_ms=target_ms, draft_ms=draft_ms).install(monkeypatch)
@@ -28,7 +29,12 @@ def chosen_shapes(monkeypatch, method, target_ms, draft_ms=3.0, prompt=PROMPTS[0
     out = specdec.generate(target, torch.tensor([prompt]), max_new_tokens=new, method=recording, eos_token_id=[])
     clock.remove()
     assert out.sequences[0, len(prompt):].tolist() == hf_greedy(target, prompt, new, eos=[])
-    return recording.shapes
+    return recording
+
+
+def chosen_shapes(monkeypatch, method, target_ms, draft_ms=3.0, prompt=PROMPTS[0], new=60) -> list[int]:
+    """The shape each step took (`recorded`)."""
+    return recorded(monkeypatch, method, target_ms, draft_ms, prompt, new).shapes
 
 
 def settled(shapes: list[int]) -> list[int]:
@@ -279,14 +285,8 @@ def test_an_eagle_drafter_that_does_not_pay_drafts_next_to_nothing(monkeypatch):
     # most steps (it retries as the calibration decays to its prior).
     from support.models import random_drafter
 
-    target = tiny_lm("llama", seed=25)
-    method = specdec.Eagle(random_drafter(target))
-    clock = SyntheticClock(target, list(method.models), target_ms=lambda t: 10.0 + 10.0 * t,
-                           draft_ms=3.0).install(monkeypatch)
-    recording = Recording(method)
-    out = specdec.generate(target, torch.tensor([PROMPTS[0]]), max_new_tokens=60, method=recording, eos_token_id=[])
-    clock.remove()
-    assert out.sequences[0, len(PROMPTS[0]):].tolist() == hf_greedy(target, PROMPTS[0], 60, eos=[])
+    recording = recorded(monkeypatch, specdec.Eagle(random_drafter(tiny_lm("llama", seed=25))),
+                         lambda t: 10.0 + 10.0 * t)
     assert len(recording.shapes) > 16 and set(settled(recording.shapes)) == {1}
     later = [step[1].tokens.shape[1] - 1 for step in recording.steps[len(recording.steps) // 2:]]
     assert sum(n == 0 for n in later) >= 3 * len(later) // 4, later

@@ -67,7 +67,6 @@ class _DraftProposer(Proposer):
         self.first: Tensor | None = None       # and which are the draft's first choices (its chain)
         # The draft's probabilities against what the target accepts (adaptive trees' sizing).
         self.calibration = Calibration() if method.adaptive and method.branches > 1 else None
-        self.verified: tuple[Proposal, Tensor, float] | None = None  # a tree step's, for the calibration
         self.target_vocab = target_vocab
         # Ids every draft may propose: below the shared part of the vocabularies (and heads).
         self.proposable = min(min(vocab_size(d.model), d.shared_vocab or target_vocab,
@@ -194,7 +193,8 @@ class _DraftProposer(Proposer):
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
         proposal, self.tree_slots, self.first, score = select(tree, n, ctx.roots())
-        self.verified = (proposal, score, log_scale) if self.calibration else None
+        if self.calibration:
+            self.calibration.drafted(proposal, score, log_scale)
         return proposal
 
     def _prefill_waiting(self, batch: _DraftProposer | None) -> None:
@@ -226,10 +226,8 @@ class _DraftProposer(Proposer):
             # chain's yield; its own steps' length may differ: an estimate).
             chain = None if self.first is None else {1: accepted_within(step.accept_path, self.first)}
             self.shape.emitted(step.accept_len, self.live, chain)
-        if self.verified is not None:
-            proposal, score, log_scale = self.verified
-            self.calibration.observe(proposal, score, step.accept_path, self.live, log_scale)
-            self.verified = None
+        if self.calibration:
+            self.calibration.verified(step.accept_path, self.live)
         if self.tree_slots is not None:
             # Move the accepted nodes' entries into place: those fed to the draft, a prefix of
             # the accepted path (a fed node's parent was fed too).

@@ -15,7 +15,6 @@ accepted ones are moved into place (`SpecCache.commit`) instead of being recompu
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -45,51 +44,60 @@ class DraftedTree:
 class Calibration:
     """How far a drafter's probabilities overstate what the target accepts, measured as it runs.
 
-    A drafter trained briefly is overconfident (an EAGLE drafter trained for 30 minutes on a
-    CPU says about twice what the target accepts: docs/benchmarks.md), and trees sized from its
+    A drafter trained briefly is overconfident (docs/benchmarks.md), and trees sized from its
     scores verify nodes that do not pay. So each step's verified nodes whose parent was
     accepted (those the target tried) are counted: how many it accepted against the drafter's
     summed probability of them, over recent steps (``decay`` per step) on top of ``prior``
     nodes at face value. Their ratio, never above 1, scales each node's probability given its
     parent (`log_scale` is added to its log-probability); a ratio above 1 (an underconfident
     drafter) is not taken, as it would rank a child above its parent. Steps that verify no
-    drafted node decay the counts too, so a drafter priced out gets tried again.
+    drafted node decay the counts too, so a drafter priced out gets tried again. The counts
+    stay on the device: no host read (`grow` reads the scaled scores with its own).
+
+    A proposer calls `drafted` with each proposal it drafts and `verified` after every step.
 
     Example (steps where the target accepts a quarter of what the drafter predicts):
         >>> cal = Calibration()
         >>> for _ in range(20):
         ...     cal.add(accepted=1.0, predicted=4.0)
-        >>> round(math.exp(cal.log_scale), 2)
+        >>> round(float(cal.log_scale.exp()), 2)
         0.27
     """
 
     prior: float = 1.0
     decay: float = 0.9
-    accepted: float = 0.0
-    predicted: float = 0.0
+    accepted: float | Tensor = 0.0   # decayed sums (0-d tensors once a step is counted)
+    predicted: float | Tensor = 0.0
+    step: tuple[Proposal, Tensor, float | Tensor] | None = None  # drafted, not yet verified
 
     @property
-    def log_scale(self) -> float:
-        """The log of the ratio (at most 0)."""
-        return min(0.0, math.log((self.prior + self.accepted) / (self.prior + self.predicted)))
+    def log_scale(self) -> Tensor:
+        """The log of the ratio (at most 0), a 0-d tensor."""
+        ratio = torch.as_tensor((self.prior + self.accepted) / (self.prior + self.predicted))
+        return ratio.log().clamp(max=0.0)
 
-    def add(self, accepted: float, predicted: float) -> None:
+    def add(self, accepted: float | Tensor, predicted: float | Tensor) -> None:
         """One step's tried nodes: ``accepted`` of them, ``predicted`` their summed probability."""
         self.accepted = self.decay * self.accepted + accepted
         self.predicted = self.decay * self.predicted + predicted
 
-    def observe(self, proposal: Proposal, score: Tensor, accept_path: Tensor, live: Tensor,
-                log_scale: float) -> None:
-        """One verified step: ``proposal`` (from `select`), its nodes' calibrated scores
-        ``score [B, 1 + n]`` (drafted with ``log_scale``), ``accept_path [B, D]`` (the root, the
-        accepted nodes, then -1) and the rows that were decoding ``live [B]``. One host read."""
+    def drafted(self, proposal: Proposal, score: Tensor, log_scale: float | Tensor) -> None:
+        """A step's ``proposal`` (from `select`) and its nodes' scores ``score [B, 1 + n]``,
+        drafted with ``log_scale``."""
+        self.step = (proposal, score, log_scale)
+
+    def verified(self, accept_path: Tensor, live: Tensor) -> None:
+        """Counts the step drafted last, if any: ``accept_path [B, D]`` (the root, the accepted
+        nodes, then -1), ``live [B]`` the rows that were decoding."""
+        if self.step is None:
+            return
+        (proposal, score, log_scale), self.step = self.step, None
         parents = proposal.parents[:, 1:].clamp_min(0)
         raw = (score[:, 1:] - torch.gather(score, 1, parents) - log_scale).exp()  # given the parent
         on_path = torch.zeros_like(score, dtype=torch.bool)
         on_path.scatter_(1, accept_path.clamp_min(0), True)  # -1 (none): the root, on every path
         tried = torch.gather(on_path, 1, parents) & live[:, None]
-        accepted, predicted = torch.stack([(on_path[:, 1:] & tried).sum().float(), (raw * tried).sum()]).tolist()
-        self.add(accepted, predicted)
+        self.add((on_path[:, 1:] & tried).sum().float(), (raw * tried).sum())
 
 
 def children(logp: Tensor, k: int, ctx: Context, position: Tensor,
@@ -150,7 +158,7 @@ def select(tree: DraftedTree, n: int, root: Tensor) -> tuple[Proposal, Tensor, T
     whether it is the drafter's first choice after its parent ``[B, 1 + n]`` (its argmax, or
     its coupled draw: `children`; the chain a chain drafter drafts runs along these from the
     root, as far as the tree has them: `specdec.loop.shape_choice.accepted_within`), and its
-    score ``[B, 1 + n]`` (0 at the root; what `Calibration.observe` reads).
+    score ``[B, 1 + n]`` (0 at the root; what `Calibration.drafted` takes).
 
     Example (nodes 1 and 2 are the root's first and second choices, node 3 node 1's first;
     root token 9):
@@ -182,7 +190,7 @@ def select(tree: DraftedTree, n: int, root: Tensor) -> tuple[Proposal, Tensor, T
 
 
 def grow(first: Tensor, feed, k: int, depth: int, limit: int, ctx: Context, adaptive: bool,
-         vocab_ids: Tensor | None = None, log_scale: float = 0.0) -> tuple[DraftedTree, int, int]:
+         vocab_ids: Tensor | None = None, log_scale: float | Tensor = 0.0) -> tuple[DraftedTree, int, int]:
     """Drafts a tree: ``(tree, nodes to verify, draft passes made)``.
 
     Args:

@@ -116,16 +116,15 @@ class _EagleProposer(Proposer):
         self.logp: Tensor | None = None     # [B, V'] the drafter's next-token log-probabilities after the root
         self.feature: Tensor | None = None  # [B, H] its predicted hidden state at the root
         # A tree contains its chain: with ``adaptive``, each step drafts whichever has emitted
-        # the most tokens per ms (measured per step). Not one-token steps as a shape: the gain
-        # of a weak drafter's chain over them (5-20%) hides in per-step yields of 0 or 1 token,
-        # and after a few unlucky steps the choice kept them (docs/benchmarks.md); the chain's
-        # own sizing (`grow`, calibrated) drafts nothing where nothing pays.
+        # the most tokens per ms (measured per step). One-token steps are not a shape (as in
+        # DraftModel): the chain's calibrated sizing (`grow`) already drafts nothing where
+        # nothing pays, and a weak drafter's small gain over one-token steps hides in per-step
+        # yields of 0 or 1 token (docs/benchmarks.md).
         self.shape = choice_for(("tree", "chain"), method.adaptive and method.branches > 1)
         self.live = torch.zeros(0)
         self.first: Tensor | None = None  # a tree step's nodes that are the drafter's first choices
         # The drafter's probabilities against what the target accepts (adaptive sizing).
         self.calibration = Calibration() if method.adaptive else None
-        self.verified: tuple[Proposal, Tensor, float] | None = None  # this step's, for the calibration
         self.drafted = False  # whether this step's pass holds drafted nodes
         self.deferred: _Deferred | None = None  # root-only steps' entries, not yet fed
 
@@ -171,16 +170,15 @@ class _EagleProposer(Proposer):
         if ctx.tokens.device.type == "cpu":
             ctx.costs.observe_draft((time.perf_counter() - start) * 1e3 / passes)
         proposal, _, self.first, score = select(tree, n, ctx.roots())
-        self.verified = (proposal, score, log_scale) if self.calibration else None
+        if self.calibration:
+            self.calibration.drafted(proposal, score, log_scale)
         return proposal
 
     def update(self, ctx: Context, step: StepResult) -> None:
         if self.shape:
             self.shape.emitted(step.accept_len, self.live, self._contained(step))
-        if self.verified is not None:
-            proposal, score, log_scale = self.verified
-            self.calibration.observe(proposal, score, step.accept_path, self.live, log_scale)
-            self.verified = None
+        if self.calibration:
+            self.calibration.verified(step.accept_path, self.live)
         start = self.cache.lengths if self.deferred is None else self.cache.lengths + self.deferred.count
         count = (ctx.lengths - 1 - start).clamp_min(0)
         # The entries of the committed tokens, with the target's hidden states along the
