@@ -276,3 +276,32 @@ def test_bad_arguments():
                                                                  specdec.DraftModel(draft, coupled=False))),
          "coupled=True"),
     ])
+
+
+class PricedFor(Recording):
+    """A member that records the other nodes its proposal was sized to share a pass with."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.extra = []
+
+    def propose(self, ctx):
+        self.extra.append(ctx.costs.extra)
+        return super().propose(ctx)
+
+
+def test_a_member_alone_is_sized_for_a_pass_of_its_own():
+    # Prompt lookup alone (the shape choice's measuring step and explorations) once sized its
+    # chain as if the draft's nodes of the step before shared its pass: 16 nodes it did not
+    # pay for, so it proposed all of its 32 where a few paid.
+    target = tiny_lm("llama", seed=25)
+    lookup = PricedFor(specdec.PromptLookup())
+    drafting = Recording(specdec.DraftModel(perturbed(target, 0.0, seed=0), 4))
+    out = specdec.generate(target, torch.tensor([PROMPTS[0]]), max_new_tokens=40, eos_token_id=[],
+                           method=specdec.Ensemble(lookup, drafting), pass_costs={k: 10.0 + k for k in range(1, 40)})
+    assert out.sequences[0, len(PROMPTS[0]):].tolist() == hf_greedy(target, PROMPTS[0], 40, eos=[])
+    alone = [extra for extra, (_, _, lookup_budget, *_), (_, _, draft_budget, *_)
+             in zip(lookup.extra, lookup.steps, drafting.steps) if lookup_budget != 0 and draft_budget == 0]
+    in_union = [extra for extra, (_, _, draft_budget, *_) in zip(lookup.extra, drafting.steps) if draft_budget != 0]
+    assert alone and all(extra == 0 for extra in alone), alone
+    assert any(extra > 0 for extra in in_union[1:])  # in the union it prices the draft's nodes

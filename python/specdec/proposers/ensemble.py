@@ -174,9 +174,10 @@ class _UnionProposer(Proposer):
             else:
                 call = j == 0 or explore or self._pays(j, state, width, ctx.costs)
             # A member sizes its nodes for the pass it shares: the batch's rows, the earlier
-            # members' nodes of this step and what the later ones added last step.
+            # members' nodes of this step and what the later ones added last step (none when
+            # it proposes alone: the later ones propose nothing then).
             self.costs[j].rows = ctx.costs.rows
-            self.costs[j].extra = width - 1 + sum(self.added[j + 1:])
+            self.costs[j].extra = width - 1 + (sum(self.added[j + 1:]) if alone < 0 else 0)
             room = None if ctx.max_nodes is None else max(ctx.max_nodes - (width - 1), 0)
             start = time.perf_counter()
             proposal = proposer.propose(dataclasses.replace(ctx, costs=self.costs[j],
