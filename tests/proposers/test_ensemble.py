@@ -291,9 +291,9 @@ class PricedFor(Recording):
 
 
 def test_a_member_alone_is_sized_for_a_pass_of_its_own():
-    # Prompt lookup alone (the shape choice's measuring step and explorations) once sized its
-    # chain as if the draft's nodes of the step before shared its pass: 16 nodes it did not
-    # pay for, so it proposed all of its 32 where a few paid.
+    # On the steps prompt lookup proposes alone (the shape choice's measuring step and
+    # explorations) the draft proposes nothing: lookup's chain is sized for a pass without the
+    # draft's nodes of the step before; on the union's steps it shares the pass with them.
     target = tiny_lm("llama", seed=25)
     lookup = PricedFor(specdec.PromptLookup())
     drafting = Recording(specdec.DraftModel(perturbed(target, 0.0, seed=0), 4))

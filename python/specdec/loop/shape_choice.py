@@ -3,8 +3,8 @@
 A token tree contains its chain, lookahead contains prompt lookup, and an ensemble contains each
 of its members. Each of those sizes its nodes from the pass-cost model, but that model does not
 see all a step costs (a tree's draft passes over several nodes, the window's bookkeeping, the
-merging of members' trees), nor whether the extra nodes were accepted more than the simpler shape's would have
-been. So the method measures each shape as it runs and takes the one with the most tokens per
+merging of members' trees), nor whether the extra nodes were accepted more than the simpler
+shape's would have been. So the method measures each shape as it runs and takes the one with the most tokens per
 ms: the mean tokens a step emits per row (its yield) over the mean ms of a whole step (from one
 proposal to the next: proposing, the target pass, verifying, learning).
 
