@@ -6,9 +6,11 @@ engine each, so no run inherits another's caches); every output is compared with
 Configurations: ``vllm_plain``; ``vllm_ngram`` (vLLM's own prompt lookup, 8 tokens, n-grams of
 2-4); ``specdec_prompt_lookup`` and ``specdec_lookahead`` (``specdec.vllm``'s proposers, 8
 tokens); ``specdec_medusa_in_vllm`` (with ``--medusa-heads``: heads from ``specdec
-train-medusa``, exported for vLLM); and with ``--standalone-python`` (the main environment's
-interpreter, one that imports specdec, with transformers >= 5.24) ``standalone_one_token``, ``standalone_prompt_lookup`` and
-``standalone_medusa``: ``specdec.generate`` on the same token ids.
+train-medusa``, exported for vLLM); ``specdec_eagle_in_vllm`` (with ``--eagle``: a drafter from
+``specdec train-eagle``, exported for vLLM's ``eagle`` method, chains of 3); and with
+``--standalone-python`` (the main environment's interpreter, one that imports specdec, with
+transformers >= 5.24) ``standalone_one_token``, ``standalone_prompt_lookup``,
+``standalone_medusa`` and ``standalone_eagle``: ``specdec.generate`` on the same token ids.
 
 Run it on an idle machine (figures under load are not figures), from the repository root:
 
@@ -36,6 +38,7 @@ BATCHES = (1, 8)
 DRAFT_TOKENS = 8
 VLLM_CONFIGS = ("vllm_plain", "vllm_ngram", "specdec_prompt_lookup", "specdec_lookahead")
 MEDUSA_CONFIGS = ("specdec_medusa_in_vllm",)
+EAGLE_CONFIGS = ("specdec_eagle_in_vllm",)
 STANDALONE_CONFIGS = ("standalone_one_token", "standalone_prompt_lookup")
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
@@ -85,7 +88,7 @@ def requests(ids: list[list[int]], batch: int) -> list[list[list[int]]]:
 def vllm_worker(args: argparse.Namespace) -> list[Measure]:
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from specdec.vllm import medusa_engine_args
+    from specdec.vllm import eagle_engine_args, medusa_engine_args
 
     engine: dict[str, Any] = {}
     spec = {"num_speculative_tokens": DRAFT_TOKENS}
@@ -97,6 +100,8 @@ def vllm_worker(args: argparse.Namespace) -> list[Measure]:
         engine["speculative_config"] = {"model": "specdec.vllm.Lookahead", **spec}
     elif args.worker == "specdec_medusa_in_vllm":
         engine.update(medusa_engine_args(args.exported_heads, args.model_dir))
+    elif args.worker == "specdec_eagle_in_vllm":
+        engine.update(eagle_engine_args(args.exported_eagle, args.model_dir))
     llm = LLM(model=args.model_dir, dtype="float32", max_model_len=4096, enforce_eager=args.smoke,
               disable_log_stats=False, seed=0, **engine)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
@@ -134,6 +139,8 @@ def standalone_worker(args: argparse.Namespace) -> list[Measure]:
     method = {"standalone_one_token": None, "standalone_prompt_lookup": specdec.PromptLookup()}.get(args.worker)
     if args.worker == "standalone_medusa":
         method = specdec.Medusa(specdec.MedusaHeads.load(args.medusa_heads).attach(target))
+    if args.worker == "standalone_eagle":
+        method = specdec.Eagle(specdec.EagleDrafter.load(args.eagle))
     eos = tok.eos_token_id
     warm = torch.tensor([[1, 2, 3]])
     specdec.generate(target, warm, max_new_tokens=4, method=method)
@@ -177,8 +184,14 @@ def main() -> None:
         heads = specdec.MedusaHeads.load(args.medusa_heads)
         export_medusa(heads, out / "medusa-vllm", lm_head=lm_head_weight(args.model_dir))
         configs += [(c, sys.executable) for c in MEDUSA_CONFIGS]
+    if args.eagle:
+        from specdec.vllm import export_eagle
+
+        export_eagle(args.eagle, out / "eagle-vllm")
+        configs += [(c, sys.executable) for c in EAGLE_CONFIGS]
     if args.standalone_python:
         standalone = list(STANDALONE_CONFIGS) + (["standalone_medusa"] if args.medusa_heads else [])
+        standalone += ["standalone_eagle"] if args.eagle else []
         configs += [(c, args.standalone_python) for c in standalone]
     if args.configs:
         unknown = set(args.configs) - {c for c, _ in configs}
@@ -197,7 +210,9 @@ def main() -> None:
             continue
         command = [python, __file__, "--worker", config, "--result", str(result), "--model", args.model_dir,
                    "--max-tokens", str(args.max_tokens), "--exported-heads", str(out / "medusa-vllm")]
+        command += ["--exported-eagle", str(out / "eagle-vllm")]
         command += ["--medusa-heads", args.medusa_heads] if args.medusa_heads else []
+        command += ["--eagle", args.eagle] if args.eagle else []
         command += ["--smoke"] if args.smoke else []
         print(f"[vllm_compare] {config} ...", flush=True)
         started = time.perf_counter()
@@ -261,6 +276,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="a specdec demo model's name or a model directory")
     p.add_argument("--medusa-heads", help="heads from specdec train-medusa (exported for vLLM here)")
+    p.add_argument("--eagle", help="a drafter from specdec train-eagle (exported for vLLM here)")
     p.add_argument("--standalone-python", help="the main environment's python: specdec's own loop beside vLLM")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--kv-cache-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE of each engine")
@@ -272,6 +288,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--exported-heads", help=argparse.SUPPRESS)
+    p.add_argument("--exported-eagle", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smoke and not args.worker:
         args.model, args.max_tokens = "smollm2-135m", 8
