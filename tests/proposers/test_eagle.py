@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from support.clock import SyntheticClock
 from support.decoding import PROMPTS, assert_greedy_identity, hf_greedy, left_padded
 from support.models import bigram_target, oracle_drafter, random_drafter, tiny_lm
 
@@ -106,9 +107,12 @@ class Scheduled(Watched):
 
 
 @pytest.mark.parametrize("schedule", [False, True], ids=["every-step-drafts", "root-only-steps"])
-def test_every_committed_entry_pairs_a_hidden_state_with_the_next_token(schedule):
+def test_every_committed_entry_pairs_a_hidden_state_with_the_next_token(schedule, monkeypatch):
     # With root-only steps the entries wait and are fed in one pass when the drafter next drafts.
     target = tiny_lm("qwen2", seed=42)
+    # Passes priced flat on a synthetic clock: the adaptive shapes draft wherever a node may be
+    # accepted, whatever the machine's load (measured times once made every shape draft nothing).
+    SyntheticClock(target, target_ms=lambda tokens: 10.0).install(monkeypatch)
     drafter = random_drafter(target, seed=3)
     recording = RecordingDrafter(drafter.config)
     recording.load_state_dict(drafter.state_dict())

@@ -23,7 +23,7 @@ class SyntheticClock:
         self.now = 0.0
         # On the decoder: a pass that hands over hidden states runs it without the LM's forward.
         self.hooks = [target.get_decoder().register_forward_pre_hook(
-            lambda _, args, kw: self.advance(target_ms(kw["input_ids"].numel())), with_kwargs=True)]
+            lambda _, args, kw: self.advance(target_ms(_tokens(args, kw))), with_kwargs=True)]
         self.hooks += [d.register_forward_pre_hook(lambda *_: self.advance(draft_ms)) for d in drafts]
 
     def advance(self, ms: float) -> None:
@@ -43,3 +43,12 @@ class SyntheticClock:
     def remove(self) -> None:
         for hook in self.hooks:
             hook.remove()
+
+
+def _tokens(args: tuple, kw: dict) -> int:
+    """Tokens of a decoder call: its ``input_ids``, else its ``inputs_embeds``, else its first
+    positional argument (``[B, n]`` or ``[B, n, H]``)."""
+    x = kw.get("input_ids")
+    x = kw.get("inputs_embeds") if x is None else x
+    x = args[0] if x is None else x
+    return x.shape[0] * x.shape[1]
