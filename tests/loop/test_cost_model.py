@@ -72,3 +72,29 @@ def test_an_estimate_far_above_a_new_measurement_is_replaced_but_noise_is_smooth
     assert costs.target_ms[16] == 185.0
     assert costs.target_ms[8] == 0.8 * 140.0 + 0.2 * 120.0  # the lowest it has been
     assert costs.target_ms[1] == 100.0
+
+
+def test_one_measured_pass_prices_a_far_wider_one_by_its_tokens():
+    """With one pass measured there is no trend yet: a pass one node wider is tried (priced as the
+    measured one), a far wider one is not priced as free. Then the chain grows to the length the
+    true costs pay for, and stays at one-token passes where a pass costs what its tokens do
+    (compute-bound), apart from the exploring steps."""
+    acceptance = AcceptanceEstimate(prior=0.6)
+    assert CostModel({1: 100.0}).best_length(acceptance, LIMIT) == 1
+    # Below the one point the price is proportional: the one-token pass is what gets measured next.
+    assert CostModel({16: 100.0}).best_length(acceptance, 30) == 0
+
+    def lengths(pass_ms):
+        costs, out = CostModel({}), []
+        for step in range(1, 25):
+            g = chosen(costs, acceptance, step) if costs.target_ms else 0
+            costs.observe_tokens(g + 1, pass_ms(g + 1))
+            out.append(g)
+        return out
+
+    best = max(range(LIMIT + 1), key=lambda g: acceptance.expected(g) / normal_ms(g + 1))
+    cpu = lengths(normal_ms)
+    assert best > 1 and cpu[1] == 1 and cpu[-1] == best
+    compute_bound = lengths(lambda n: 100.0 * n)  # one candidate tried once, then none pays
+    assert compute_bound[1] == 1
+    assert all(g == 0 for step, g in enumerate(compute_bound, 1) if step > 2 and step % EXPLORE_EVERY)

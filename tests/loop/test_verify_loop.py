@@ -216,11 +216,11 @@ def test_passes_wider_than_any_measured_follow_the_trend():
     assert CostModel(cpu).target(48) == pytest.approx(810.0 + 16 * 15.0)
     assert CostModel(cpu).target(64) > CostModel(cpu).target(48) > CostModel(cpu).target(32)
     assert CostModel(cpu, rows=8).target(5) == pytest.approx(810.0 + 8 * 15.0)  # 40 tokens
-    # Flat costs (a GPU) stay flat, a falling trend (noise) is not extended down, and one known
-    # point stays flat until a wider pass is measured.
+    # Flat costs (a GPU) stay flat, a falling trend (noise) is not extended down, and with one
+    # known point (no trend) a pass one node wider costs as much, a wider one by its tokens.
     assert CostModel({1: 10.0, 32: 10.0}).target(100) == 10.0
     assert CostModel({1: 10.0, 16: 30.0, 32: 25.0}).target(64) == 25.0
-    assert CostModel({33: 330.0}).target(66) == 330.0
+    assert CostModel({33: 330.0}).target(34) == 330.0 and CostModel({33: 330.0}).target(66) == 660.0
 
 
 SAMPLING = dict(do_sample=True, temperature=0.9, top_p=0.95)

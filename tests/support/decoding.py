@@ -105,11 +105,12 @@ def assert_sampling_follows_the_target_distribution(make_method) -> None:
     prompt = torch.tensor([[0, 5, 7, 4, 8, 15, 3, 5, 7]])
     P = prompt.shape[1]
     gen = torch.Generator().manual_seed(0)
-    # Flat pass costs (as on a GPU): adaptive drafts then draft more than one token per row
-    # even in a batch of 4000; not paced, so both tokens are verified against candidates.
+    # Flat pass costs (as on a GPU; two points: one alone prices wider passes by their tokens):
+    # adaptive drafts then draft more than one token per row even in a batch of 4000; not paced,
+    # so both tokens are verified against candidates.
     out = specdec.generate(target, prompt.expand(N, P), max_new_tokens=2, do_sample=True, **settings,
                            method=make_method(draft), generator=gen, eos_token_id=[],
-                           pass_costs={1: 1.0}, batching=Batching(pace=False))
+                           pass_costs={1: 1.0, 1 << 16: 1.0}, batching=Batching(pace=False))
     assert out.stats.total_proposed > N  # the method proposed, and its candidates were verified
     first, second = out.sequences[:, P], out.sequences[:, P + 1]
 

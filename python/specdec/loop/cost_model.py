@@ -193,12 +193,22 @@ class CostModel:
     def target(self, k: int) -> float:
         """Cost of a target pass of k nodes per row (`tokens`): piecewise-linear in
         the known points; above them along the trend from a pass at most half as wide as the
-        widest to the widest (never falling; flat with one known point), since on a CPU wider
-        passes keep costing more and a flat price made nodes added to a long copy look free;
-        proportional to the tokens below them (1.0 for every k when nothing is known). Below,
-        the cost is underestimated rather than over: a narrower pass then gets tried, measured,
-        and the estimate corrects itself, where a flat one would keep every pass as wide as the
-        first measured."""
+        widest to the widest (never falling), since on a CPU wider passes keep costing more and
+        a flat price made nodes added to a long copy look free; proportional to the tokens below
+        them (1.0 for every k when nothing is known). Below, the cost is underestimated rather
+        than over: a narrower pass then gets tried, measured, and the estimate corrects itself,
+        where a flat one would keep every pass as wide as the first measured.
+
+        With one known point there is no trend: a pass one node per row wider is priced as that
+        point (so it gets tried and gives the trend its second point), a wider one in proportion
+        to its tokens, the most it can cost (a compute-bound pass). A flat price there made a
+        pass twice as wide as the first measured look free before anything showed what it costs.
+
+        Example (one pass measured, over 16 tokens):
+            >>> costs = CostModel({16: 100.0})
+            >>> costs.target(17), costs.target(32), costs.target(4)
+            (100.0, 200.0, 25.0)
+        """
         if not self.target_ms:
             return 1.0
         k = self.tokens(k)
@@ -211,8 +221,8 @@ class CostModel:
         if k >= ks[-1]:
             top = ks[-1]
             ref = max((i for i in ks if 2 * i <= top), default=ks[0])
-            if ref == top:  # one point: flat, until a wider pass is measured
-                return ms[top]
+            if ref == top:  # one point: see above
+                return ms[top] if k <= top + self.rows else ms[top] * k / top
             slope = max(0.0, (ms[top] - ms[ref]) / (top - ref))
             return ms[top] + slope * (k - top)
         hi = next(i for i in ks if i >= k)
