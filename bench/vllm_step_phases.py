@@ -62,6 +62,8 @@ class Timers:
 
 
 def step_kind(_runner: Any, scheduler_output: Any, *_: Any) -> str:
+    """A step scheduling over 40 tokens per request is a prompt's (decode steps carry at most
+    1 + ``num_speculative_tokens``)."""
     if scheduler_output.total_num_scheduled_tokens > 40 * max(1, len(scheduler_output.num_scheduled_tokens)):
         return "prefill"
     return "drafts" if scheduler_output.scheduled_spec_decode_tokens else "one"

@@ -201,8 +201,8 @@ class CostModel:
 
         With one known point there is no trend: a pass one node per row wider is priced as that
         point (so it gets tried and gives the trend its second point), a wider one in proportion
-        to its tokens, the most it can cost (a compute-bound pass). A flat price there made a
-        pass twice as wide as the first measured look free before anything showed what it costs.
+        to its tokens, the most it can cost (a compute-bound pass): a flat price would make a pass
+        twice as wide as the measured one look free before anything measured what it costs.
 
         Example (one pass measured, over 16 tokens):
             >>> costs = CostModel({16: 100.0})
