@@ -101,6 +101,20 @@ def test_draft_prepared_for_drafting_keeps_greedy_identity():
     assert assert_greedy_identity(target, PROMPTS, method).stats.total_accepted > 0
 
 
+def test_bfloat16_draft_upcast_for_wide_passes_keeps_greedy_identity(monkeypatch):
+    # On a CPU without bf16 GEMMs a bf16 draft's prompt and catch-up passes run in float32
+    # (PackingConfig.upcast_rows): its logits then differ by pass width, never the output.
+    monkeypatch.setattr(specdec.model.prepare, "_bf16_packable", lambda: False)
+    target = tiny_lm("qwen2", seed=5)
+    draft = perturbed(target, 0.05, 4).to(torch.bfloat16)
+    draft = specdec.pack_linear_layers(draft, specdec.PackingConfig.for_draft())
+    assert any(isinstance(m, specdec.model.prepare.UpcastLinear) for m in draft.modules())
+    prompts = [list(range(3, 40)), PROMPTS[0]]  # a prompt past upcast_rows tokens, a short one
+    for method in (specdec.DraftModel(draft, 4, adaptive=True),
+                   specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(draft, 4))):
+        assert assert_greedy_identity(target, prompts, method).stats.total_accepted > 0
+
+
 def test_sampling_is_reproducible_with_a_generator():
     target = tiny_lm("llama", seed=6)
     runs = [specdec.generate(target, torch.tensor([[0, 5, 6]]), max_new_tokens=10, do_sample=True,

@@ -22,7 +22,9 @@ from transformers import (
 )
 
 import specdec
-from specdec.model.prepare import PackedLinear, PackingConfig, pack_linear_layers, memory_overhead
+from specdec.model import prepare
+from specdec.model.prepare import PackedLinear, PackingConfig, UpcastLinear, pack_linear_layers, memory_overhead
+from specdec.proposers.vocab import head_for_ids
 
 OFF_CPU = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
 KS = (1, 3, 16)
@@ -114,6 +116,31 @@ def test_a_rows_product_does_not_depend_on_the_row_count(dtype, in_features):
 def test_min_rows_must_be_positive():
     with pytest.raises(ValueError, match="min_rows"):
         PackingConfig(min_rows=0)
+    with pytest.raises(ValueError, match="upcast_rows"):
+        PackingConfig(upcast_rows=-1)
+
+
+def test_draft_bfloat16_layers_oneDNN_cannot_pack_run_wide_products_in_float32(monkeypatch):
+    monkeypatch.setattr(prepare, "_bf16_packable", lambda: False)  # an AVX2 CPU
+    plain = _tiny("llama", tie=True, dtype=torch.bfloat16)
+    # A target keeps its bf16 layers as they are: its logits must not depend on the row count.
+    target = pack_linear_layers(copy.deepcopy(plain))
+    assert not any(isinstance(m, (PackedLinear, UpcastLinear)) for m in target.modules())
+
+    draft = pack_linear_layers(copy.deepcopy(plain), PackingConfig.for_draft())
+    upcast = [m for m in draft.modules() if isinstance(m, UpcastLinear)]
+    assert len(upcast) == 2 * 7 + 1 and all(m.upcast_rows == 10 for m in upcast)
+    assert draft.lm_head.weight is draft.model.embed_tokens.weight  # still tied, no copy
+    assert pack_linear_layers(draft, PackingConfig.for_draft()) is draft  # already prepared
+    # Under 10 rows the bf16 product as before; from 10 rows, the float32 product rounded to bf16.
+    layer, x = draft.model.layers[0].mlp.up_proj, torch.randn(2, 10, 128).to(torch.bfloat16)
+    weight = layer.weight.float()
+    assert torch.equal(layer(x[:, :4]), torch.nn.functional.linear(x[:, :4], layer.weight))
+    assert torch.equal(layer(x), torch.nn.functional.linear(x.float(), weight).to(torch.bfloat16))
+    _assert_same_logits(_passes(draft), _passes(plain), rtol=3e-2)
+    # A reduced head made from it stays an UpcastLinear.
+    reduced = head_for_ids(draft.lm_head, 40)
+    assert type(reduced) is UpcastLinear and reduced.upcast_rows == 10 and reduced.out_features == 40
 
 
 def test_tied_head_gets_a_packed_copy_or_is_left_alone():

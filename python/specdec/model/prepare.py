@@ -29,6 +29,7 @@ from specdec.renamed import warn_renamed
 
 __all__ = [
     "PackedLinear",
+    "UpcastLinear",
     "PackingConfig",
     "VerificationConfig",
     "accelerate_verification",
@@ -57,29 +58,43 @@ class PackingConfig:
     4-row products run faster than its 1- and 2-row ones (docs/benchmarks.md): the padding is
     free. 1 turns padding off.
 
+    ``upcast_rows``: on a CPU whose oneDNN has no bfloat16 products (no AVX512-BF16/AMX), the
+    bfloat16 layers stay unpacked, and torch multiplies them row by row: a product over k rows
+    costs k one-row products (a 154-token prompt took a 0.5B draft 7.7 s, 1.14 s in float32).
+    With ``upcast_rows = n > 0`` those layers become :class:`UpcastLinear`, which computes
+    products over n rows or more in float32 on a transient float32 copy of the weight. Its
+    logits then depend on how many rows share the pass, so it is off (0) by default and on only
+    for drafts, whose logits only propose (exactness never depends on them).
+
     A draft model only proposes: its logits need not be the same for every row count, so
     :meth:`for_draft` turns padding off, which makes a small draft's one-token passes cheaper
-    (docs/benchmarks.md).
+    (docs/benchmarks.md), and turns on ``upcast_rows``.
     """
 
     batch_hint: int = 16
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
     pack_shared: bool = True
     min_rows: int = 4
+    upcast_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.min_rows < 1:
             raise ValueError(f"PackingConfig: min_rows must be >= 1, got {self.min_rows}")
+        if self.upcast_rows < 0:
+            raise ValueError(f"PackingConfig: upcast_rows must be >= 0 (0: off), got {self.upcast_rows}")
 
     @classmethod
     def for_draft(cls) -> PackingConfig:
-        """The configuration for a model that only proposes tokens (a draft): no padding.
+        """The configuration for a model that only proposes tokens (a draft): no padding, and
+        bfloat16 products over 10 rows or more in float32 where oneDNN cannot pack bfloat16
+        (10: where the upcast started to pay for every layer shape of Qwen2.5-Coder-0.5B on an
+        AVX2 CPU, docs/benchmarks.md).
 
         Example:
-            >>> PackingConfig.for_draft().min_rows
-            1
+            >>> PackingConfig.for_draft().min_rows, PackingConfig.for_draft().upcast_rows
+            (1, 10)
         """
-        return cls(min_rows=1)
+        return cls(min_rows=1, upcast_rows=10)
 
 
 class PackedLinear(nn.Module):
@@ -127,6 +142,39 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
 
 
+class UpcastLinear(nn.Linear):
+    """An ``nn.Linear`` with low-precision weights whose products over ``upcast_rows`` rows or
+    more run in float32, on a float32 copy of the weight made for that product (see
+    :class:`PackingConfig`); narrower products run as ``nn.Linear`` does. The output keeps the
+    weight's dtype. For drafts on CPUs without bfloat16 GEMMs, where torch multiplies a bfloat16
+    weight row by row; inference only.
+
+    Example:
+        >>> lin = nn.Linear(8, 4).to(torch.bfloat16)
+        >>> up = UpcastLinear(lin, upcast_rows=3)
+        >>> x = torch.randn(5, 8, dtype=torch.bfloat16)
+        >>> wide = torch.nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
+        >>> torch.equal(up(x), wide.to(torch.bfloat16)), torch.equal(up(x[:2]), lin(x[:2]))
+        (True, True)
+    """
+
+    def __init__(self, linear: nn.Linear, upcast_rows: int) -> None:
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                         device="meta", dtype=linear.weight.dtype)
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.upcast_rows = upcast_rows
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.numel() < self.upcast_rows * self.in_features:
+            return super().forward(x)
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, upcast_rows={self.upcast_rows}"
+
+
 def dense_weight(linear: nn.Module) -> Tensor:
     """The ``[out_features, in_features]`` weight of an ``nn.Linear`` or a :class:`PackedLinear`
     as a plain tensor.
@@ -153,7 +201,9 @@ def pack_linear_layers(
 
     Replaces, in place, every ``nn.Linear`` (exactly that class; subclasses such as quantized
     linears are left alone) whose weight dtype is in ``config.dtypes`` by a :class:`PackedLinear`,
-    one layer at a time so peak memory grows by one layer only. Returns ``model``. Outputs equal
+    one layer at a time so peak memory grows by one layer only; with ``config.upcast_rows``, one
+    of those dtypes that oneDNN cannot pack on this CPU (bfloat16 without AVX512-BF16) becomes an
+    :class:`UpcastLinear`. Returns ``model``. Outputs equal
     the unprepared model's up to float rounding (the GEMM blocks differently). A model with any
     parameter or buffer off the CPU (CUDA, meta), a model already prepared, and a torch without
     oneDNN are returned unchanged. Inference only: packed weights get no gradients. Parameters
@@ -173,14 +223,13 @@ def pack_linear_layers(
     config = config or PackingConfig()
     if not torch.backends.mkldnn.is_available():
         return model
-    dtypes = set(config.dtypes)
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        dtypes.discard(torch.bfloat16)
+    dtypes = set(config.dtypes) if _bf16_packable() else set(config.dtypes) - {torch.bfloat16}
     tensors = [*model.parameters(), *model.buffers()]
     if any(t.device.type != "cpu" for t in tensors) or any(
-        isinstance(m, PackedLinear) for m in model.modules()
+        isinstance(m, (PackedLinear, UpcastLinear)) for m in model.modules()
     ):
         return model
+    upcast = set(config.dtypes) - dtypes if config.upcast_rows else set()  # asked for, not packable
     uses: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
@@ -188,7 +237,7 @@ def pack_linear_layers(
         name
         for name, m in model.named_modules(remove_duplicate=False)
         if type(m) is nn.Linear
-        and m.weight.dtype in dtypes
+        and (m.weight.dtype in dtypes or m.weight.dtype in upcast)
         and (config.pack_shared or uses[id(m.weight)] == 1)
     ]
     for name in targets:
@@ -198,6 +247,9 @@ def pack_linear_layers(
         if isinstance(linear, PackedLinear):  # the same module reached under a second name
             continue
         shared = uses[id(linear.weight)] > 1
+        if linear.weight.dtype in upcast:
+            setattr(parent, child, UpcastLinear(linear, config.upcast_rows))
+            continue
         setattr(
             parent,
             child,
@@ -206,6 +258,11 @@ def pack_linear_layers(
     if targets:
         _own_memory(model)
     return model
+
+
+def _bf16_packable() -> bool:
+    """Whether oneDNN multiplies bfloat16 on this CPU (AVX512-BF16 or AMX)."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _own_memory(model: nn.Module) -> None:

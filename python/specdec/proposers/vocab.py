@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.model.prepare import PackedLinear, PackingConfig, dense_weight
+from specdec.model.prepare import PackedLinear, PackingConfig, UpcastLinear, dense_weight
 
 __all__ = ["check_vocab_ids", "check_vocabulary", "head_for_ids", "head_rows", "vocab_size"]
 
@@ -90,6 +90,8 @@ def head_for_ids(lm_head: torch.nn.Module, ids: int | torch.Tensor) -> torch.nn.
     # A prepared head stays prepared: packed products are faster on CPU, one-row ones too
     # (docs/benchmarks.md). Not padded: a draft's logits need no row-count invariance
     # (PackingConfig.for_draft).
+    if isinstance(lm_head, UpcastLinear):
+        return UpcastLinear(sub, lm_head.upcast_rows)
     config = PackingConfig.for_draft()
     return (PackedLinear(sub, config.batch_hint, min_rows=config.min_rows) if isinstance(lm_head, PackedLinear)
             else sub)
