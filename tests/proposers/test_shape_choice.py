@@ -181,7 +181,7 @@ def greedy_accepts(tokens: list[int], parents: list[int], keep: list[bool], cont
 def draft_chain(reference):
     """DraftModel: a tree step tells what the draft's greedy chain (as deep as the tree has it)
     takes; ``reference``: a copy of the draft for plain forward passes."""
-    def expected(proposer, proposal, committed, continuation):
+    def expected(proposer, proposal, committed, continuation, accepted):
         if proposer.shape.current != 0:
             return {}
         tokens, parents = proposal.tokens[0].tolist(), proposal.parents[0].tolist()
@@ -195,7 +195,7 @@ def draft_chain(reference):
     return expected
 
 
-def eagle_shapes(proposer, proposal, committed, continuation):
+def eagle_shapes(proposer, proposal, committed, continuation, accepted):
     """Eagle: a tree step tells what its chain of first choices (greedy: each node's most
     probable child, listed first) takes."""
     shapes = proposer.shape.shapes
@@ -208,7 +208,7 @@ def eagle_shapes(proposer, proposal, committed, continuation):
     return out
 
 
-def lookup_alone(proposer, proposal, committed, continuation):
+def lookup_alone(proposer, proposal, committed, continuation, accepted):
     """Lookahead: a lookahead step tells what prompt lookup's chains (the same in both shapes) take."""
     if proposer.shape.current != 0:
         return {}
@@ -217,10 +217,14 @@ def lookup_alone(proposer, proposal, committed, continuation):
     return {1: max(prefix, default=0)}
 
 
-def members_alone(proposer, proposal, committed, continuation):
-    """Ensemble: a union step tells what each member that proposed in it takes of its own tree."""
+def members_alone(proposer, proposal, committed, continuation, accepted):
+    """Ensemble: a union step tells what each member that proposed in it takes of its own tree;
+    a step of the draft alone, what prompt lookup's chain would have taken, as far as the step
+    committed (``accepted`` candidates and one more)."""
     if proposer.shape.current != 0:
-        return {}
+        return {j + 1: min(greedy_accepts([-1, *chain[0].tolist()], list(range(-1, chain.shape[1])),
+                                          [True] * (chain.shape[1] + 1), continuation), accepted + 1)
+                for j, chain, _ in proposer.shadows}
     return {j + 1: greedy_accepts(p.tokens[0].tolist(), p.parents[0].tolist(), p.is_candidate()[0].tolist(),
                                   continuation)
             for j, p in enumerate(proposer.proposals) if proposer.called[j]}
@@ -260,14 +264,16 @@ def test_each_method_tells_what_its_contained_shapes_would_have_accepted(monkeyp
 
     prompt, new = PROMPTS[2], 48
     text = prompt + hf_greedy(target, prompt, new + 32, eos=[])
-    recording, told, emitted = Recording(method), [], ShapeChoice.emitted
+    recording, told, shadowed, emitted = Recording(method), [], [], ShapeChoice.emitted
 
-    def spy(self, accept_len, live, contained=None):
+    def spy(self, accept_len, live, contained=None, bounds=None):
         if self is recording.proposer.shape:
             committed, proposal = recording.steps[-1][0][0], recording.steps[-1][1]
-            told.append(({k: int(v[0]) for k, v in (contained or {}).items()}, int(accept_len[0]),
-                         expected(recording.proposer, proposal, committed, text[len(committed):])))
-        emitted(self, accept_len, live, contained)
+            both = {**(contained or {}), **(bounds or {})}
+            shadowed.extend(int(v[0]) for v in (bounds or {}).values())
+            told.append(({k: int(v[0]) for k, v in both.items()}, int(accept_len[0]),
+                         expected(recording.proposer, proposal, committed, text[len(committed):], int(accept_len[0]))))
+        emitted(self, accept_len, live, contained, bounds)
 
     monkeypatch.setattr(ShapeChoice, "choose", random_shape)
     monkeypatch.setattr(ShapeChoice, "emitted", spy)
@@ -277,6 +283,8 @@ def test_each_method_tells_what_its_contained_shapes_would_have_accepted(monkeyp
     # union, the other member) took more on some steps.
     accepted = [(v, n) for t, n, _ in told for v in t.values()]
     assert any(v > 0 for v, _ in accepted) and (not fewer or any(v < n for v, n in accepted))
+    # An ensemble's draft-alone steps tell what lookup's shadow chain would have taken.
+    assert (setup is ensemble) == any(v > 0 for v in shadowed)
 
 
 def test_an_eagle_drafter_that_does_not_pay_drafts_next_to_nothing(monkeypatch):
@@ -313,3 +321,19 @@ def test_any_sequence_of_shapes_keeps_the_output_exact(monkeypatch, seed):
                    specdec.Ensemble(specdec.PromptLookup(), specdec.DraftModel(draft), specdec.Lookahead())):
         assert_greedy_identity(target, PROMPTS, method)
         assert_greedy_identity(target, PROMPTS[2:3], method)
+
+
+def test_bounds_count_as_yields_without_making_a_shape_contained():
+    # A draft-alone step of an ensemble tells at least what lookup alone would have emitted: its
+    # yield, but lookup's own steps are still tried on each of its turns (not only for time).
+    clock = [0.0]
+    choice = ShapeChoice(("union", "lookup", "draft"), clock=lambda: clock[0])
+    live = torch.tensor([True, True])
+    for _ in range(3):
+        choice.choose()
+        choice.current = 2  # the draft alone
+        clock[0] += 0.01
+        choice.emitted(torch.tensor([3, 1]), live, None, {1: torch.tensor([4, 0])})
+    lookup = choice.measured[1]
+    assert (lookup.tokens.count, lookup.tokens.value, lookup.ms.count) == (3, 3.0, 0)
+    assert choice.contains[2] == set()

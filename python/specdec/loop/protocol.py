@@ -180,6 +180,14 @@ class Proposer:
     def update(self, ctx: Context, step: StepResult) -> None:
         """Called after each step, with the committed context already advanced."""
 
+    def shadow(self, ctx: Context) -> Tensor | None:
+        """The chain ``[B, k]`` (-1 padded) this proposer would propose now, computed from the
+        committed text alone and not proposed (no state changes); None (the default) where that
+        would take a model pass, or it has none. `specdec.Ensemble`, running another member
+        alone, asks its other members for it and learns from the committed text how far it
+        would have been accepted."""
+        return None
+
     @property
     def drops_rows(self) -> bool:
         """Whether ``keep_rows`` lets rows that stopped leave the batch."""

@@ -126,19 +126,24 @@ class ShapeChoice:
             explore = True
         return other if explore else best
 
-    def emitted(self, accept_len: Tensor, live: Tensor, contained: Mapping[int, Tensor] | None = None) -> None:
+    def emitted(self, accept_len: Tensor, live: Tensor, contained: Mapping[int, Tensor] | None = None,
+                bounds: Mapping[int, Tensor] | None = None) -> None:
         """The step just verified accepted ``accept_len [B]`` candidates per row; ``live [B]``
         the rows that were decoding; ``contained``: for shapes (by index) that this step's
         shape contains, how many candidates each would have had accepted ``[B]`` in the same
-        step (their yields, not their times). One host read."""
+        step (their yields, not their times). ``bounds``: for shapes it does not contain, at
+        least how many ``[B]`` (a lookup's chain checked against the text this step committed,
+        which tells nothing past it): taken as their yields too, while their own steps are
+        still tried on each of their turns. One host read."""
         if self.current is None:
             return
         contained = dict(contained or {})
-        accepted = torch.stack([accept_len.long(), *(c.long() for c in contained.values())])
+        others = {**contained, **(bounds or {})}
+        accepted = torch.stack([accept_len.long(), *(c.long() for c in others.values())])
         rows, *tokens = torch.cat([live.sum()[None], ((accepted + 1) * live).sum(1)]).tolist()
         if not rows:
             return
-        for shape, total in zip([self.current, *contained], tokens):
+        for shape, total in zip([self.current, *others], tokens):
             self.measured[shape].tokens.observe(total / rows)
         self.contains[self.current] = set(contained)
         self.verified = True

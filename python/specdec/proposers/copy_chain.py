@@ -51,8 +51,14 @@ class CopyChain:
     def propose(self, ctx: Context, explore: bool = False) -> Tensor | None:
         """The chain, or None when no candidate pays (``explore``: then one candidate anyway,
         so that the estimate can recover) or the context's ``max_nodes`` is 0."""
+        self.chain = self.candidates(ctx, explore)
+        if self.chain is not None:
+            self.start = ctx.lengths.clone()
+        return self.chain
+
+    def candidates(self, ctx: Context, explore: bool = False) -> Tensor | None:
+        """What :meth:`propose` would propose now, without taking it as this step's chain."""
         k = ctx.node_budget(self.limit)
-        self.chain = None
         if k == 0:
             return None
         # The chain of the longest match, cut to the length that pays (a cut chain is the same
@@ -65,11 +71,7 @@ class CopyChain:
             k = int(lengths.max())  # one host read (packed passes: CPU)
         elif self.adaptive:
             k = ctx.costs.best_length(self.acceptance, k) or int(explore)
-        if k == 0:
-            return None
-        self.chain = chain[:, :k]
-        self.start = ctx.lengths.clone()
-        return self.chain
+        return chain[:, :k] if k > 0 else None
 
     def row_lengths(self, ctx: Context, found: Tensor, k: int, explore: bool) -> Tensor:
         """``[B]`` each row's candidates: candidate i pays for its row when the chance that it

@@ -31,6 +31,7 @@ from specdec.proposers.draft.proposer import draft_proposer
 from specdec.loop.protocol import Context, Method, Proposal, Proposer, StepResult
 from specdec.loop.shape_choice import choice_for
 from specdec.model.forward import node_layout
+from specdec.proposers.copy_chain import matched
 from specdec.proposers.merge import merge_paths
 
 MIXES = ("union", "average")
@@ -144,6 +145,9 @@ class _UnionProposer(Proposer):
         names = tuple(type(m).__name__ for m in method.members)
         self.shape = choice_for(("union", *names), method.adaptive and n > 1)
         self.proposals: list[Proposal] = []
+        # While one member runs alone, the others' shadow chains (`Proposer.shadow`): member,
+        # chain [B, k], the committed lengths then.
+        self.shadows: list[tuple[int, Tensor, Tensor]] = []
         self.index: list[Tensor] = []
         self.called: list[bool] = []
         self.states: list[int] = []
@@ -165,7 +169,7 @@ class _UnionProposer(Proposer):
         explore = not self.method.adaptive or self.steps % EXPLORE_EVERY == 0
         alone = (self.shape.choose(budgeted=ctx.max_nodes is not None) if self.shape else 0) - 1
         on_cpu = ctx.tokens.device.type == "cpu"
-        self.proposals, self.called, self.states = [], [], []
+        self.proposals, self.called, self.states, self.shadows = [], [], [], []
         width = 1  # nodes so far (an upper bound: members' trees may share nodes)
         for j, proposer in enumerate(self.proposers):
             state = _state(width - 1)
@@ -184,6 +188,10 @@ class _UnionProposer(Proposer):
                                                             max_nodes=room if call else 0))
             if call and on_cpu:  # elsewhere the work is asynchronous: not measured
                 self.ms[j].observe((time.perf_counter() - start) * 1e3)
+            if 0 <= alone != j:  # another member runs alone: what this one would have proposed
+                chain = proposer.shadow(dataclasses.replace(ctx, costs=self.costs[j]))
+                if chain is not None:
+                    self.shadows.append((j, chain, ctx.lengths.clone()))
             if proposal.draft_probs is not None:
                 raise ValueError("Ensemble(mix='union') verifies deterministic candidates only: use "
                                  "DraftModel(coupled=True) (the default) in an ensemble")
@@ -218,9 +226,13 @@ class _UnionProposer(Proposer):
         if self.shape:
             # A union step tells what each member that proposed in it would have emitted alone
             # (as far as its own tree went: alone it may size it for a narrower pass).
+            # A step of one member alone tells at least how far the others' shadow chains would
+            # have been accepted: as far as they match what it committed.
             union = self.shape.current == 0
-            self.shape.emitted(step.accept_len, self.live, {j + 1: own.accept_len for j, own in enumerate(steps)
-                                                            if union and self.called[j]})
+            self.shape.emitted(step.accept_len, self.live,
+                               {j + 1: own.accept_len for j, own in enumerate(steps) if union and self.called[j]},
+                               {j + 1: matched(chain[:, None], ctx, start, step.accept_len + 1)[:, 0]
+                                for j, chain, start in self.shadows})
         if not self.method.adaptive or len(self.proposers) == 1:
             return
         # What each called member added beyond the members before it, over the live rows.

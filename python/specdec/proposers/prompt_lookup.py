@@ -120,6 +120,11 @@ class LookupProposer(Proposer):
         self.proposed = torch.stack([F.pad(c, (0, k - c.shape[1]), value=-1) for c in chains], 1)
         return self.proposed
 
+    def shadow(self, ctx: Context) -> Tensor:
+        """Its first chain (no side branches); an empty one where it would propose nothing."""
+        chain = self.main.candidates(ctx)
+        return chain if chain is not None else ctx.tokens.new_empty((ctx.tokens.shape[0], 0))
+
     def expected(self) -> float:
         """Tokens per row this step's chains are expected to add (1: no chains)."""
         if self.proposed is None:
