@@ -104,7 +104,7 @@ def test_draft_prepared_for_drafting_keeps_greedy_identity():
 def test_bfloat16_draft_upcast_for_wide_passes_keeps_greedy_identity(monkeypatch):
     # On a CPU without bf16 GEMMs a bf16 draft's prompt and catch-up passes run in float32
     # (PackingConfig.upcast_rows): its logits then differ by pass width, never the output.
-    monkeypatch.setattr(specdec.model.prepare, "_bf16_packable", lambda: False)
+    monkeypatch.setattr(specdec.model.prepare, "bf16_packable", lambda: False)
     target = tiny_lm("qwen2", seed=5)
     draft = perturbed(target, 0.05, 4).to(torch.bfloat16)
     draft = specdec.pack_linear_layers(draft, specdec.PackingConfig.for_draft())

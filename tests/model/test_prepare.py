@@ -23,7 +23,8 @@ from transformers import (
 
 import specdec
 from specdec.model import prepare
-from specdec.model.prepare import PackedLinear, PackingConfig, UpcastLinear, pack_linear_layers, memory_overhead
+from specdec.model.prepare import (PackedLinear, PackingConfig, UpcastLinear, bf16_packable, memory_overhead,
+                                   pack_linear_layers)
 from specdec.proposers.vocab import head_for_ids
 
 OFF_CPU = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -99,7 +100,7 @@ def test_untied_weights_are_replaced_not_duplicated():
 def test_a_rows_product_does_not_depend_on_the_row_count(dtype, in_features):
     # oneDNN reduces a one-row product differently once in_features > 1024; padded to
     # min_rows = 4 rows, every row gets the same bits in a product over 1 to 64 rows.
-    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if dtype == torch.bfloat16 and not bf16_packable():
         pytest.skip("oneDNN has no bf16 on this CPU: bf16 weights are not packed")
     gen = torch.Generator().manual_seed(0)
     linear = nn.Linear(in_features, 640, dtype=dtype)
@@ -121,7 +122,7 @@ def test_min_rows_must_be_positive():
 
 
 def test_draft_bfloat16_layers_oneDNN_cannot_pack_run_wide_products_in_float32(monkeypatch):
-    monkeypatch.setattr(prepare, "_bf16_packable", lambda: False)  # an AVX2 CPU
+    monkeypatch.setattr(prepare, "bf16_packable", lambda: False)  # an AVX2 CPU
     plain = _tiny("llama", tie=True, dtype=torch.bfloat16)
     # A target keeps its bf16 layers as they are: its logits must not depend on the row count.
     target = pack_linear_layers(copy.deepcopy(plain))
@@ -203,7 +204,7 @@ def test_models_off_cpu_are_left_alone(device):
     )
 
 
-@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bf16")
+@pytest.mark.skipif(not bf16_packable(), reason="no oneDNN bf16")
 def test_bfloat16_packed_unless_excluded():
     plain = _tiny("llama", dtype=torch.bfloat16)
     model = pack_linear_layers(copy.deepcopy(plain))

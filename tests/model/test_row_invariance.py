@@ -15,13 +15,14 @@ from specdec.model.cache import SpecCache
 from specdec.model.attention import tree_attention_enabled
 from specdec.model.forward import SDPA_MIN_CHAIN, tree_forward
 from specdec.model.prefill import prefill
+from specdec.model.prepare import bf16_packable
 
 DTYPES = [torch.float32, torch.bfloat16]
 SIZES = (1, 2, 3, 4, 8, 17, 64)
 
 
 def prepared(model, dtype):
-    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if dtype == torch.bfloat16 and not bf16_packable():
         pytest.skip("oneDNN has no bf16 on this CPU: bf16 layers stay unpacked, without the property")
     return specdec.pack_linear_layers(model.to(dtype))
 

@@ -18,7 +18,10 @@ same text as the shape it is compared with, step after step, where comparing one
 is a coin flip on text whose steps copy many tokens or one. (The simpler shape alone may propose
 other nodes than it has within the full one: a chain sized on its own is longer or shorter than
 the tree's first choices; an ensemble's member sizes itself for a narrower pass. There the
-yield is an estimate; exactness never depends on it.) A shape's ms come only from its own steps.
+yield is an estimate; exactness never depends on it.) A shape that a step's shape does not
+contain may still be told a lower bound of its yield (`emitted`'s ``bounds``: an ensemble's
+lookup member checked against what another member's step committed). A shape's ms come only
+from its own steps.
 
 Exploration follows from that. Each shape runs one step at the start, the full one first (its
 step also measures the others' yields), then the best shape runs, and every `EXPLORE_EVERY`

@@ -31,6 +31,7 @@ __all__ = [
     "PackedLinear",
     "UpcastLinear",
     "PackingConfig",
+    "bf16_packable",
     "VerificationConfig",
     "accelerate_verification",
     "pack_linear_layers",
@@ -58,10 +59,10 @@ class PackingConfig:
     4-row products run faster than its 1- and 2-row ones (docs/benchmarks.md): the padding is
     free. 1 turns padding off.
 
-    ``upcast_rows``: on a CPU whose oneDNN has no bfloat16 products (no AVX512-BF16/AMX), the
-    bfloat16 layers stay unpacked, and torch multiplies them row by row: a product over k rows
-    costs k one-row products (a 154-token prompt took a 0.5B draft 7.7 s, 1.14 s in float32).
-    With ``upcast_rows = n > 0`` those layers become :class:`UpcastLinear`, which computes
+    ``upcast_rows``: on a CPU whose oneDNN has no bfloat16 products (no AVX512-BF16/AMX,
+    :func:`bf16_packable`), the bfloat16 layers stay unpacked, and torch multiplies them row by
+    row: a product over k rows costs k one-row products, a prompt's prefill many times its
+    float32 one (docs/benchmarks.md). With ``upcast_rows = n > 0`` those layers become :class:`UpcastLinear`, which computes
     products over n rows or more in float32 on a transient float32 copy of the weight. Its
     logits then depend on how many rows share the pass, so it is off (0) by default and on only
     for drafts, whose logits only propose (exactness never depends on them).
@@ -87,8 +88,8 @@ class PackingConfig:
     def for_draft(cls) -> PackingConfig:
         """The configuration for a model that only proposes tokens (a draft): no padding, and
         bfloat16 products over 10 rows or more in float32 where oneDNN cannot pack bfloat16
-        (10: where the upcast started to pay for every layer shape of Qwen2.5-Coder-0.5B on an
-        AVX2 CPU, docs/benchmarks.md).
+        (10: where the upcast pays for every layer shape of Qwen2.5-Coder-0.5B on an AVX2 CPU,
+        docs/benchmarks.md).
 
         Example:
             >>> PackingConfig.for_draft().min_rows, PackingConfig.for_draft().upcast_rows
@@ -223,7 +224,7 @@ def pack_linear_layers(
     config = config or PackingConfig()
     if not torch.backends.mkldnn.is_available():
         return model
-    dtypes = set(config.dtypes) if _bf16_packable() else set(config.dtypes) - {torch.bfloat16}
+    dtypes = set(config.dtypes) if bf16_packable() else set(config.dtypes) - {torch.bfloat16}
     tensors = [*model.parameters(), *model.buffers()]
     if any(t.device.type != "cpu" for t in tensors) or any(
         isinstance(m, (PackedLinear, UpcastLinear)) for m in model.modules()
@@ -237,7 +238,7 @@ def pack_linear_layers(
         name
         for name, m in model.named_modules(remove_duplicate=False)
         if type(m) is nn.Linear
-        and (m.weight.dtype in dtypes or m.weight.dtype in upcast)
+        and m.weight.dtype in dtypes | upcast
         and (config.pack_shared or uses[id(m.weight)] == 1)
     ]
     for name in targets:
@@ -260,8 +261,14 @@ def pack_linear_layers(
     return model
 
 
-def _bf16_packable() -> bool:
-    """Whether oneDNN multiplies bfloat16 on this CPU (AVX512-BF16 or AMX)."""
+def bf16_packable() -> bool:
+    """Whether oneDNN multiplies bfloat16 on this CPU (AVX512-BF16 or AMX): only then does
+    :func:`pack_linear_layers` pack bfloat16 layers.
+
+    Example:
+        >>> isinstance(bf16_packable(), bool)
+        True
+    """
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
