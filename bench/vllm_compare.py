@@ -19,7 +19,8 @@ Run it on an idle machine (figures under load are not figures), from the reposit
 
 It writes ``results.json``, ``table.md`` and ``plot.png`` (with matplotlib) under ``--out``.
 ``--smoke`` checks the script end to end in a few minutes (SmolLM2-135M, one prompt per set,
-8 tokens, eager engines): its figures mean nothing.
+8 tokens, eager engines): its figures mean nothing. ``--all-cores`` runs every engine on all the
+machine's cores (vLLM's default leaves one to its scheduler; `engine_env` says what it sets).
 """
 
 from __future__ import annotations
@@ -216,10 +217,22 @@ def main() -> None:
         command += ["--smoke"] if args.smoke else []
         print(f"[vllm_compare] {config} ...", flush=True)
         started = time.perf_counter()
-        subprocess.run(command, check=True, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib})
+        subprocess.run(command, check=True, env={**os.environ, **engine_env(args)})
         print(f"[vllm_compare] {config}: {time.perf_counter() - started:.0f} s with the engine's start", flush=True)
         measures += [Measure(**m) for m in json.loads(result.read_text())]
     write(out, measures, args)
+
+
+def engine_env(args: argparse.Namespace) -> dict[str, str]:
+    """The engines' environment. ``--all-cores``: vLLM's CPU worker gets every core (by default it
+    leaves one to the scheduler's process: on 2 cores, half the machine), and numba, which vLLM's
+    ``ngram`` proposer runs on, uses its own thread pool, not OpenMP: on every core, with the
+    Intel OpenMP that vLLM preloads, numba's OpenMP pool made ``ngram`` slower than no speculation
+    (measured in docs/benchmarks.md, "Inside vLLM", run D)."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib}
+    if args.all_cores:
+        env.update(VLLM_CPU_NUM_OF_RESERVED_CPU="0", NUMBA_THREADING_LAYER="workqueue")
+    return env
 
 
 def write(out: Path, measures: list[Measure], args: argparse.Namespace) -> None:
@@ -234,6 +247,7 @@ def write(out: Path, measures: list[Measure], args: argparse.Namespace) -> None:
                      "acceptance": round(m.accepted / m.draft_tokens, 3) if m.draft_tokens else None,
                      "accepted_per_draft": round(m.accepted / m.drafts, 2) if m.drafts else None})
     meta = {"model": args.model_dir, "max_tokens": args.max_tokens, "smoke": args.smoke,
+            "all_cores": args.all_cores,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": os.uname().nodename,
             "cpus": os.cpu_count()}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
@@ -280,6 +294,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--standalone-python", help="the main environment's python: specdec's own loop beside vLLM")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--kv-cache-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE of each engine")
+    p.add_argument("--all-cores", action="store_true",
+                   help="every core to vLLM's worker (VLLM_CPU_NUM_OF_RESERVED_CPU=0) and numba's own thread pool "
+                        "(NUMBA_THREADING_LAYER=workqueue); default: vLLM's thread layout")
     p.add_argument("--out", default="bench/results/vllm_compare")
     p.add_argument("--smoke", action="store_true", help="SmolLM2-135M, one prompt per set, 8 tokens, eager")
     p.add_argument("--configs", nargs="+", metavar="NAME",
