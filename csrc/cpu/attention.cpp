@@ -8,19 +8,11 @@
 
 #include "core/attention.h"
 #include "cpu/attention_args.h"
+#include "cpu/isa.h"
 #include "op_args.h"
 
 namespace specdec::cpu {
 namespace {
-
-bool cpu_has_avx2() {
-#if defined(SPECDEC_CPU_AVX2)
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-#else
-  return false;
-#endif
-}
 
 // Whether mask[b, i, j] == (j <= i) everywhere ([B, T, T] bool, contiguous).
 bool is_causal(const at::Tensor& mask) {

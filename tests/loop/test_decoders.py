@@ -1,6 +1,8 @@
 """The decoders on tiny random-weight models: greedy identity with the target's own generate,
 batches with ragged acceptance and EOS, and the sampling distribution."""
 
+import dataclasses
+
 import pytest
 import torch
 from support.decoding import (
@@ -13,6 +15,7 @@ from support.decoding import (
 from support.models import perturbed, tiny_lm
 
 import specdec
+from specdec.model.prepare import DotLinear, PackedLinear
 
 MAX_NEW = 24
 
@@ -80,34 +83,42 @@ def test_reduced_draft_head_greedy_identity(family):
     assert out.stats.total_accepted > 0
 
 
-def test_reduced_draft_head_scores_the_lowest_ids():
+@pytest.mark.parametrize("kernel", ["specdec", "onednn"])
+def test_reduced_draft_head_scores_the_lowest_ids(kernel):
     draft = tiny_lm("llama", seed=1)
     method = specdec.DraftModel(draft, draft_vocab_size=5)
     hidden = torch.randn(2, 1, 64)
     want = draft.lm_head(hidden)[..., :5]
     torch.testing.assert_close(method.reduced_head()(hidden), want)
     assert method.reduced_head() is method.reduced_head()  # made once
-    specdec.pack_linear_layers(draft)  # the prepared head keeps only its packed weight
+    specdec.pack_linear_layers(draft, specdec.PackingConfig(kernel=kernel))
     torch.testing.assert_close(method.reduced_head()(hidden), want, rtol=1e-5, atol=1e-6)
-    # A draft only proposes: its reduced head never pads one-row products (the faster path).
-    assert method.reduced_head().min_rows == 1
+    # The reduced head of a prepared head stays prepared, and a draft only proposes: oneDNN's
+    # never pads one-row products (the faster path).
+    head = method.reduced_head()
+    assert type(head) is specdec.model.prepare.DotLinear if kernel == "specdec" else head.min_rows == 1
 
 
-def test_draft_prepared_for_drafting_keeps_greedy_identity():
+@pytest.mark.parametrize("kernel", ["specdec", "onednn"])
+def test_draft_prepared_for_drafting_keeps_greedy_identity(kernel):
     target = tiny_lm("qwen2", seed=5)
-    draft = specdec.pack_linear_layers(perturbed(target, 0.05, 4), specdec.PackingConfig.for_draft())
-    assert {m.min_rows for m in draft.modules() if isinstance(m, specdec.model.prepare.PackedLinear)} == {1}
+    config = dataclasses.replace(specdec.PackingConfig.for_draft(), kernel=kernel)
+    draft = specdec.pack_linear_layers(perturbed(target, 0.05, 4), config)
+    prepared = [m for m in draft.modules() if isinstance(m, (DotLinear, PackedLinear))]
+    assert prepared and all(type(m) is (DotLinear if kernel == "specdec" else PackedLinear) for m in prepared)
+    assert all(m.min_rows == 1 for m in prepared if isinstance(m, PackedLinear))
     method = specdec.DraftModel(draft, 4, adaptive=True, draft_vocab_size=40)
     assert assert_greedy_identity(target, PROMPTS, method).stats.total_accepted > 0
 
 
 def test_bfloat16_draft_upcast_for_wide_passes_keeps_greedy_identity(monkeypatch):
-    # On a CPU without bf16 GEMMs a bf16 draft's prompt and catch-up passes run in float32
-    # (PackingConfig.upcast_rows): its logits then differ by pass width, never the output.
+    # Under oneDNN on a CPU without its bf16 GEMMs, a bf16 draft's prompt and catch-up passes run
+    # in float32 (PackingConfig.upcast_rows): its logits then differ by pass width, never the output.
     monkeypatch.setattr(specdec.model.prepare, "bf16_packable", lambda: False)
     target = tiny_lm("qwen2", seed=5)
     draft = perturbed(target, 0.05, 4).to(torch.bfloat16)
-    draft = specdec.pack_linear_layers(draft, specdec.PackingConfig.for_draft())
+    config = dataclasses.replace(specdec.PackingConfig.for_draft(), kernel="onednn")  # as asked
+    draft = specdec.pack_linear_layers(draft, config)
     assert any(isinstance(m, specdec.model.prepare.UpcastLinear) for m in draft.modules())
     prompts = [list(range(3, 40)), PROMPTS[0]]  # a prompt past upcast_rows tokens, a short one
     for method in (specdec.DraftModel(draft, 4, adaptive=True),

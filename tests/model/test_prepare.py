@@ -7,6 +7,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: nothing here may reach a hub
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -23,12 +24,14 @@ from transformers import (
 
 import specdec
 from specdec.model import prepare
-from specdec.model.prepare import (PackedLinear, PackingConfig, UpcastLinear, bf16_packable, memory_overhead,
-                                   pack_linear_layers)
+from specdec.model.prepare import (DotLinear, PackedLinear, PackingConfig, UpcastLinear, bf16_packable,
+                                   memory_overhead, pack_linear_layers)
 from specdec.proposers.vocab import head_for_ids
 
 OFF_CPU = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
 KS = (1, 3, 16)
+LAYER = {"specdec": DotLinear, "onednn": PackedLinear}  # what each kernel makes of an nn.Linear
+ONEDNN = PackingConfig(kernel="onednn")
 
 
 def _tiny(arch: str, tie: bool = False, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -73,14 +76,14 @@ def _assert_same_logits(
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("min_rows", [1, 4])
-def test_same_logits_through_kv_cache(arch, min_rows):
+@pytest.mark.parametrize("kernel,min_rows", [("specdec", 4), ("onednn", 1), ("onednn", 4)])
+def test_same_logits_through_kv_cache(arch, kernel, min_rows):
     plain = _tiny(arch)
     expected = _passes(plain)
-    model = pack_linear_layers(copy.deepcopy(plain), PackingConfig(min_rows=min_rows))
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    assert not linears and len(packed) == 2 * 7 + 1  # q k v o gate up down per layer, lm_head
+    model = pack_linear_layers(copy.deepcopy(plain), PackingConfig(min_rows=min_rows, kernel=kernel))
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    prepared = [m for m in model.modules() if type(m) is LAYER[kernel]]
+    assert not linears and len(prepared) == 2 * 7 + 1  # q k v o gate up down per layer, lm_head
     if arch == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None
     _assert_same_logits(_passes(model), expected)
@@ -90,28 +93,44 @@ def test_same_logits_through_kv_cache(arch, min_rows):
 
 
 def test_untied_weights_are_replaced_not_duplicated():
-    model = pack_linear_layers(_tiny("llama"))
+    model = pack_linear_layers(_tiny("llama"), ONEDNN)
     assert memory_overhead(model) == 0
     assert all(m.weight is None for m in model.modules() if isinstance(m, PackedLinear))
+    plain = _tiny("llama")
+    weights = {name: m.weight for name, m in plain.named_modules() if type(m) is nn.Linear}
+    dot = pack_linear_layers(plain, PackingConfig(kernel="specdec"))
+    assert memory_overhead(dot) == 0
+    assert all(dot.get_submodule(name).weight is w for name, w in weights.items())  # the same tensors
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_takes_specdecs_kernel_where_it_has_avx2(monkeypatch):
+    for capability, layer in (("AVX2", DotLinear), ("AVX512", DotLinear), ("DEFAULT", PackedLinear)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert type(pack_linear_layers(_tiny("llama")).lm_head) is layer, capability
+    with pytest.raises(ValueError, match="kernel must be 'auto', 'specdec' or 'onednn'"):
+        PackingConfig(kernel="mkl")
+
+
+@pytest.mark.parametrize("kernel,dtype", [("specdec", torch.float32), ("specdec", torch.bfloat16),
+                                          ("onednn", torch.float32)])
 @pytest.mark.parametrize("in_features", [576, 1536])
-def test_a_rows_product_does_not_depend_on_the_row_count(dtype, in_features):
-    # oneDNN reduces a one-row product differently once in_features > 1024; padded to
-    # min_rows = 4 rows, every row gets the same bits in a product over 1 to 64 rows.
-    if dtype == torch.bfloat16 and not bf16_packable():
-        pytest.skip("oneDNN has no bf16 on this CPU: bf16 weights are not packed")
+def test_a_rows_product_does_not_depend_on_the_row_count(kernel, dtype, in_features):
+    """specdec's kernel sums every row one way by construction. oneDNN reduces a one-row
+    product differently once in_features > 1024; padded to min_rows = 4 rows, every float32 row
+    gets the same bits in a product over 1 to 64 rows. (Its bfloat16 products are not
+    invariant on CPUs with AVX512-BF16/AMX: in a 4-row product, row 3 differs from the same row
+    among 128, measured on a Xeon with AMX; docs/verification.md.)"""
     gen = torch.Generator().manual_seed(0)
     linear = nn.Linear(in_features, 640, dtype=dtype)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(linear.weight.shape, generator=gen) / in_features**0.5)
-    packed = PackedLinear(linear, batch_hint=16)
+    layer = DotLinear(linear) if kernel == "specdec" else PackedLinear(linear, batch_hint=16)
     x = torch.randn(64, in_features, generator=gen).to(dtype)
-    alone = torch.cat([packed(x[i : i + 1]) for i in range(64)])
-    for m in (2, 3, 4, 5, 8, 17, 64):
-        for start in (0, 64 - m):
-            assert torch.equal(packed(x[start : start + m]), alone[start : start + m]), (m, start)
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(64)])
+        for m in (2, 3, 4, 5, 8, 17, 64):
+            for start in (0, 64 - m):
+                assert torch.equal(layer(x[start : start + m]), alone[start : start + m]), (m, start)
 
 
 def test_min_rows_must_be_positive():
@@ -122,17 +141,19 @@ def test_min_rows_must_be_positive():
 
 
 def test_draft_bfloat16_layers_oneDNN_cannot_pack_run_wide_products_in_float32(monkeypatch):
-    monkeypatch.setattr(prepare, "bf16_packable", lambda: False)  # an AVX2 CPU
+    """Where oneDNN is the kernel asked for and cannot pack bfloat16 (an AVX2 CPU)."""
+    monkeypatch.setattr(prepare, "bf16_packable", lambda: False)
     plain = _tiny("llama", tie=True, dtype=torch.bfloat16)
     # A target keeps its bf16 layers as they are: its logits must not depend on the row count.
-    target = pack_linear_layers(copy.deepcopy(plain))
+    target = pack_linear_layers(copy.deepcopy(plain), ONEDNN)
     assert not any(isinstance(m, (PackedLinear, UpcastLinear)) for m in target.modules())
 
-    draft = pack_linear_layers(copy.deepcopy(plain), PackingConfig.for_draft())
+    draft_config = dataclasses.replace(PackingConfig.for_draft(), kernel="onednn")
+    draft = pack_linear_layers(copy.deepcopy(plain), draft_config)
     upcast = [m for m in draft.modules() if isinstance(m, UpcastLinear)]
     assert len(upcast) == 2 * 7 + 1 and all(m.upcast_rows == 10 for m in upcast)
     assert draft.lm_head.weight is draft.model.embed_tokens.weight  # still tied, no copy
-    assert pack_linear_layers(draft, PackingConfig.for_draft()) is draft  # already prepared
+    assert pack_linear_layers(draft, draft_config) is draft  # already prepared
     # Under 10 rows the bf16 product as before; from 10 rows, the float32 product rounded to bf16.
     layer, x = draft.model.layers[0].mlp.up_proj, torch.randn(2, 10, 128).to(torch.bfloat16)
     weight = layer.weight.float()
@@ -147,15 +168,23 @@ def test_draft_bfloat16_layers_oneDNN_cannot_pack_run_wide_products_in_float32(m
 def test_tied_head_gets_a_packed_copy_or_is_left_alone():
     plain = _tiny("llama", tie=True)
     expected = _passes(plain)
-    model = pack_linear_layers(copy.deepcopy(plain))
+    model = pack_linear_layers(copy.deepcopy(plain), ONEDNN)
     assert isinstance(model.lm_head, PackedLinear)
     assert memory_overhead(model) == model.model.embed_tokens.weight.nbytes
     _assert_same_logits(_passes(model), expected)
 
-    unshared = pack_linear_layers(copy.deepcopy(plain), PackingConfig(pack_shared=False))
+    unshared = pack_linear_layers(copy.deepcopy(plain), PackingConfig(pack_shared=False, kernel="onednn"))
     assert type(unshared.lm_head) is nn.Linear and memory_overhead(unshared) == 0
     assert unshared.lm_head.weight is unshared.model.embed_tokens.weight
     _assert_same_logits(_passes(unshared), expected)
+
+    dot = pack_linear_layers(copy.deepcopy(plain), PackingConfig(kernel="specdec"))  # no copy needed
+    assert type(dot.lm_head) is DotLinear and dot.lm_head.weight is dot.model.embed_tokens.weight
+    assert memory_overhead(dot) == 0
+    _assert_same_logits(_passes(dot), expected)
+    # a reduced head made from it stays on specdec's kernel: its columns have the full head's bits
+    reduced, x = head_for_ids(dot.lm_head, torch.tensor([3, 90, 7])), torch.randn(5, 128)
+    assert type(reduced) is DotLinear and torch.equal(reduced(x), dot.lm_head(x)[:, [3, 90, 7]])
 
 
 def test_greedy_generate_unchanged():
@@ -204,15 +233,17 @@ def test_models_off_cpu_are_left_alone(device):
     )
 
 
-@pytest.mark.skipif(not bf16_packable(), reason="no oneDNN bf16")
-def test_bfloat16_packed_unless_excluded():
+@pytest.mark.parametrize("kernel", ["specdec", "onednn"])
+def test_bfloat16_prepared_unless_excluded(kernel):
+    if kernel == "onednn" and not bf16_packable():
+        pytest.skip("oneDNN has no bf16 on this CPU: it packs no bf16 layer (the test above)")
     plain = _tiny("llama", dtype=torch.bfloat16)
-    model = pack_linear_layers(copy.deepcopy(plain))
-    assert isinstance(model.lm_head, PackedLinear)
+    model = pack_linear_layers(copy.deepcopy(plain), PackingConfig(kernel=kernel))
+    assert type(model.lm_head) is LAYER[kernel]
     # both round to bf16 (8 bits of mantissa) after accumulating in a different order
     _assert_same_logits(_passes(model), _passes(plain), rtol=3e-2)
-    fp32_only = pack_linear_layers(plain, PackingConfig(dtypes=(torch.float32,)))
-    assert not any(isinstance(m, PackedLinear) for m in fp32_only.modules())
+    fp32_only = pack_linear_layers(plain, PackingConfig(dtypes=(torch.float32,), kernel=kernel))
+    assert not any(type(m) is LAYER[kernel] for m in fp32_only.modules())
 
 
 def test_packed_linear_matches_linear_for_any_rows_and_hint():
@@ -251,10 +282,12 @@ def test_profile_passes_runs_each_k_on_the_prefix_cache():
 
 
 @pytest.mark.real_model
-def test_real_smollm2_same_logits_and_greedy():
+@pytest.mark.parametrize("kernel", ["specdec", "onednn"])
+def test_real_smollm2_same_logits_and_greedy(kernel):
     plain, tokenizer = specdec.models.load("smollm2-135m")
-    model = pack_linear_layers(copy.deepcopy(plain))
-    assert memory_overhead(model) == plain.lm_head.weight.nbytes  # the tied head's packed copy
+    model = pack_linear_layers(copy.deepcopy(plain), PackingConfig(kernel=kernel))
+    # the tied head: oneDNN's packed copy beside the embedding, specdec's kernel shares it
+    assert memory_overhead(model) == (plain.lm_head.weight.nbytes if kernel == "onednn" else 0)
     # 30 layers of fp32 rounding: the plain model itself gives one row's logits 1.8e-5 (relative)
     # apart when computed alone or in a batch of two; packed vs plain measured up to 4.3e-5
     _assert_same_logits(_passes(model, prefix_len=24), _passes(plain, prefix_len=24), rtol=1e-4)

@@ -229,10 +229,14 @@ def test_real_smollm2_greedy_and_cached_reload(monkeypatch):
         )
     again, _ = models.load("smollm2-135m", dtype=torch.bfloat16)
     assert again.dtype == torch.bfloat16
+    # the same checkpoint, rounded to bf16
+    weights = dict(model.named_parameters())
+    assert all(torch.equal(p, weights[name].to(torch.bfloat16)) for name, p in again.named_parameters())
     with torch.no_grad():
-        torch.testing.assert_close(
-            again(ids).logits.float(), model(ids).logits, atol=0.5, rtol=0.05
-        )
+        # 30 layers in bf16: within 5% of the largest logit (measured: 0.58 of 22 at most, on a
+        # Xeon with AMX, whose bf16 products round differently from an AVX2 CPU's)
+        want = model(ids).logits
+        torch.testing.assert_close(again(ids).logits.float(), want, rtol=0, atol=0.05 * want.abs().max().item())
 
 
 @pytest.mark.real_model

@@ -1,15 +1,22 @@
-"""Cheap verification passes on CPU: linear layers on oneDNN-prepacked weights.
+"""Cheap, exact verification passes on CPU: linear layers that cost little more for k rows
+than for one, and give a row the same bits for every k.
 
 Speculative decoding pays only when a target pass over k proposed tokens costs little more than
 a pass over one. On CPU in float32 it does not, out of the box: for k >= 2 ``F.linear`` runs a
 GEMM that re-packs the whole weight matrix on every call, so a pass over 2 tokens can cost 2-3
-one-token passes. :func:`pack_linear_layers` packs every ``nn.Linear`` weight ONCE into
-oneDNN's blocked layout (through torch's own ``torch.ops.mkldnn`` ops) and swaps the module for
-a :class:`PackedLinear` that multiplies with it. The packed layout serves every k, and on the
-machines measured it was not slower than the plain path even for k = 1, so the packed copy
-REPLACES the weight: no extra memory, except for a weight that another module also uses (an
-output head tied to the input embeddings), which keeps its plain tensor for the embedding and
-gets a packed copy (see :func:`memory_overhead`). docs/verification.md has the measurements.
+one-token passes; and it takes other paths for 1, 2-3 and 4+ rows, so a token's logits depend
+on how many tokens share the pass. :func:`pack_linear_layers` swaps every ``nn.Linear`` for
+
+- a :class:`DotLinear` (the default where specdec's own kernel has AVX2/FMA): the plain weight,
+  multiplied by ``specdec.ops.linear``, which streams it once per pass and sums every output in
+  one fixed order, or
+- a :class:`PackedLinear` (elsewhere, or asked for): the weight packed ONCE into
+  oneDNN's blocked layout (through torch's own ``torch.ops.mkldnn`` ops), which serves every k;
+  the packed copy REPLACES the weight, except for a weight that another module also uses (an
+  output head tied to the input embeddings), which keeps its plain tensor for the embedding and
+  gets a packed copy (see :func:`memory_overhead`).
+
+docs/verification.md has the measurements.
 
 :func:`profile_passes` measures what a pass over k tokens costs on the machine it runs on, for
 decoders that choose how many tokens to verify.
@@ -20,14 +27,17 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdec.ops import linear as specdec_linear
 from specdec.renamed import warn_renamed
 
 __all__ = [
+    "DotLinear",
     "PackedLinear",
     "UpcastLinear",
     "PackingConfig",
@@ -39,6 +49,10 @@ __all__ = [
     "memory_overhead",
     "profile_passes",
 ]
+
+
+# The dtypes specdec.ops.linear multiplies.
+DOT_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,14 @@ class PackingConfig:
     logits then depend on how many rows share the pass, so it is off (0) by default and on only
     for drafts, whose logits only propose (exactness never depends on them).
 
+    ``kernel``: what multiplies the layers. ``"specdec"``: :class:`DotLinear` (specdec's own
+    kernel, float32 and bfloat16: the plain weight, no copy, every row count summed one way, by
+    construction; the fastest for the single rows of decoding steps); ``"onednn"``:
+    :class:`PackedLinear`; ``"auto"``: specdec's where its kernel runs with AVX2/FMA or AVX-512
+    (x86-64 CPUs since 2013), oneDNN's elsewhere, where specdec's portable build would be slower.
+    ``batch_hint``, ``pack_shared`` and ``min_rows`` apply to :class:`PackedLinear` layers only;
+    ``upcast_rows`` to bfloat16 layers that neither kernel takes.
+
     A draft model only proposes: its logits need not be the same for every row count, so
     :meth:`for_draft` turns padding off, which makes a small draft's one-token passes cheaper
     (docs/benchmarks.md), and turns on ``upcast_rows``.
@@ -77,8 +99,11 @@ class PackingConfig:
     pack_shared: bool = True
     min_rows: int = 4
     upcast_rows: int = 0
+    kernel: Literal["auto", "specdec", "onednn"] = "auto"
 
     def __post_init__(self) -> None:
+        if self.kernel not in ("auto", "specdec", "onednn"):
+            raise ValueError(f"PackingConfig: kernel must be 'auto', 'specdec' or 'onednn', got {self.kernel!r}")
         if self.min_rows < 1:
             raise ValueError(f"PackingConfig: min_rows must be >= 1, got {self.min_rows}")
         if self.upcast_rows < 0:
@@ -143,6 +168,36 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
 
 
+class DotLinear(nn.Linear):
+    """An ``nn.Linear`` whose products on CPU (float32, bfloat16) run on ``specdec.ops.linear``: every output
+    one dot product summed in a fixed order, so a row's outputs have the same bits whatever the
+    number of rows in the pass (what keeps speculative decoding exact), and the weight streamed
+    once per pass (what makes a decoding step's one-row products fast). It keeps the plain
+    ``weight`` and ``bias`` parameters: no copy, ``state_dict()`` unchanged, a tied head still
+    shared. Inputs of another dtype or device run as ``nn.Linear`` does. Inference only: no
+    gradients flow through the op.
+
+    Example:
+        >>> lin = nn.Linear(8, 4)
+        >>> dot = DotLinear(lin)
+        >>> x = torch.randn(2, 3, 8)
+        >>> torch.allclose(dot(x), lin(x), atol=1e-6), torch.equal(dot(x[:, :1]), dot(x)[:, :1])
+        (True, True)
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                         device="meta", dtype=linear.weight.dtype)
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype not in DOT_DTYPES or x.dtype != self.weight.dtype or x.device.type != "cpu":
+            return super().forward(x)
+        y = specdec_linear(x.reshape(-1, self.in_features), self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
 class UpcastLinear(nn.Linear):
     """An ``nn.Linear`` with low-precision weights whose products over ``upcast_rows`` rows or
     more run in float32, on a float32 copy of the weight made for that product (see
@@ -198,36 +253,40 @@ def dense_weight(linear: nn.Module) -> Tensor:
 def pack_linear_layers(
     model: nn.Module, config: PackingConfig | None = None
 ) -> nn.Module:
-    """Prepare a CPU model so passes over many tokens run its linear layers on packed weights.
+    """Prepare a CPU model so passes over many tokens cost little more than one, and a token's
+    outputs do not depend on how many tokens share the pass.
 
     Replaces, in place, every ``nn.Linear`` (exactly that class; subclasses such as quantized
-    linears are left alone) whose weight dtype is in ``config.dtypes`` by a :class:`PackedLinear`,
-    one layer at a time so peak memory grows by one layer only; with ``config.upcast_rows``, one
-    of those dtypes that oneDNN cannot pack on this CPU (bfloat16 without AVX512-BF16) becomes an
-    :class:`UpcastLinear`. Returns ``model``. Outputs equal
-    the unprepared model's up to float rounding (the GEMM blocks differently). A model with any
-    parameter or buffer off the CPU (CUDA, meta), a model already prepared, and a torch without
-    oneDNN are returned unchanged. Inference only: packed weights get no gradients. Parameters
-    that view memory torch did not allocate (a memory-mapped checkpoint) are copied into memory of
-    their own, so that the mapping is released.
+    linears are left alone) whose weight dtype is in ``config.dtypes`` by a :class:`DotLinear`
+    (``config.kernel``: by default where specdec's kernel runs with AVX2/FMA or AVX-512) or a
+    :class:`PackedLinear`, one layer at a time so peak memory grows by one layer only; with
+    ``config.upcast_rows``, a bfloat16 layer that neither takes (oneDNN without AVX512-BF16)
+    becomes an :class:`UpcastLinear`. Returns ``model``. Outputs equal the unprepared model's up to float
+    rounding (the products are summed in another order). A model with any parameter or buffer
+    off the CPU (CUDA, meta) and a model already prepared are returned unchanged; without
+    oneDNN, only the :class:`DotLinear` layers are made. Inference only: prepared layers pass no
+    gradients. Parameters that view memory torch did not allocate (a memory-mapped checkpoint)
+    are copied into memory of their own, so that the mapping is released.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
         >>> x = torch.randn(3, 8)
         >>> before = model(x)
-        >>> model = pack_linear_layers(model)
+        >>> model = pack_linear_layers(model, PackingConfig(kernel="onednn"))
         >>> type(model[0]).__name__
         'PackedLinear'
         >>> torch.allclose(model(x), before, rtol=1e-5, atol=1e-6)
         True
     """
     config = config or PackingConfig()
+    dot = set(config.dtypes) & set(DOT_DTYPES) if _kernel(config) == "specdec" else set()
+    packable = set(config.dtypes) if bf16_packable() else set(config.dtypes) - {torch.bfloat16}
     if not torch.backends.mkldnn.is_available():
-        return model
-    dtypes = set(config.dtypes) if bf16_packable() else set(config.dtypes) - {torch.bfloat16}
+        packable = set()
+    dtypes = packable | dot
     tensors = [*model.parameters(), *model.buffers()]
     if any(t.device.type != "cpu" for t in tensors) or any(
-        isinstance(m, (PackedLinear, UpcastLinear)) for m in model.modules()
+        isinstance(m, (PackedLinear, UpcastLinear, DotLinear)) for m in model.modules()
     ):
         return model
     upcast = set(config.dtypes) - dtypes if config.upcast_rows else set()  # asked for, not packable
@@ -239,26 +298,32 @@ def pack_linear_layers(
         for name, m in model.named_modules(remove_duplicate=False)
         if type(m) is nn.Linear
         and m.weight.dtype in dtypes | upcast
-        and (config.pack_shared or uses[id(m.weight)] == 1)
+        and (config.pack_shared or uses[id(m.weight)] == 1 or m.weight.dtype in dot)
     ]
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         linear = getattr(parent, child)
-        if isinstance(linear, PackedLinear):  # the same module reached under a second name
+        if type(linear) is not nn.Linear:  # the same module reached under a second name
             continue
-        shared = uses[id(linear.weight)] > 1
         if linear.weight.dtype in upcast:
             setattr(parent, child, UpcastLinear(linear, config.upcast_rows))
-            continue
-        setattr(
-            parent,
-            child,
-            PackedLinear(linear, config.batch_hint, shared, config.min_rows),
-        )
+        elif linear.weight.dtype in dot and linear.weight.is_contiguous():
+            setattr(parent, child, DotLinear(linear))
+        elif linear.weight.dtype in packable:
+            shared = uses[id(linear.weight)] > 1
+            setattr(parent, child, PackedLinear(linear, config.batch_hint, shared, config.min_rows))
     if targets:
         _own_memory(model)
     return model
+
+
+def _kernel(config: PackingConfig) -> str:
+    """``config.kernel`` with "auto" resolved: specdec's kernel where it runs with AVX2/FMA or
+    AVX-512 (torch reports the CPU's capability), oneDNN's elsewhere."""
+    if config.kernel != "auto":
+        return config.kernel
+    return "specdec" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "onednn"
 
 
 def bf16_packable() -> bool:
@@ -295,7 +360,7 @@ def memory_overhead(model: nn.Module) -> int:
         >>> emb = nn.Embedding(64, 64)
         >>> model = nn.ModuleDict({"emb": emb, "head": nn.Linear(64, 64, bias=False)})
         >>> model["head"].weight = emb.weight  # a tied output head
-        >>> memory_overhead(pack_linear_layers(model))  # its packed copy: 64 * 64 * 4 bytes
+        >>> memory_overhead(pack_linear_layers(model, PackingConfig(kernel="onednn")))  # 64 * 64 * 4 bytes
         16384
     """
     return sum(m.extra_bytes for m in model.modules() if isinstance(m, PackedLinear))

@@ -18,6 +18,7 @@ from specdec import _C  # noqa: F401  (loads the library that registers the ops)
 from specdec.ops import fakes  # noqa: F401  (registers the fake kernels)
 from specdec.ops.attention import tree_attention
 from specdec.ops.kv_cache import kv_commit
+from specdec.ops.linear import linear
 from specdec.ops.ngram import ngram_match, ngram_pool_insert, ngram_pool_lookup
 from specdec.ops.ngram_pool import NGramPool
 from specdec.ops.verification import (TypicalAcceptance, build_tree, chain_greedy_verify, chain_speculative_sampling,
@@ -30,6 +31,7 @@ __all__ = [
     "chain_greedy_verify",
     "chain_speculative_sampling",
     "kv_commit",
+    "linear",
     "ngram_match",
     "ngram_pool_insert",
     "ngram_pool_lookup",

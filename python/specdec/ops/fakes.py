@@ -194,3 +194,24 @@ def _(k_caches, v_caches, lengths, src_pos, accept_len):
     check_shape(accept_len, op, "accept_len", (B,))
     check_same_dtype(accept_len, lengths, op, "accept_len", "lengths")
     check_device(accept_len, k0, op, "accept_len")
+
+
+@torch.library.register_fake("specdec::linear")
+def _(x, weight, bias=None, *, out):
+    op = "linear"
+    fail_unless(x.dtype in (torch.float32, torch.bfloat16), op,
+                lambda: f"x must be float32 or bfloat16, got {x.dtype}", torch._check_type)
+    fail_unless(x.dim() == 2, op, lambda: f"x must have 2 dimensions, got shape {list(x.shape)}")
+    check_same_dtype(weight, x, op, "weight", "x")
+    fail_unless(weight.dim() == 2, op, lambda: f"weight must have 2 dimensions, got shape {list(weight.shape)}")
+    M, K = x.shape
+    N = weight.shape[0]
+    check_shape(weight, op, "weight", (N, K))
+    check_device(weight, x, op, "weight")
+    fail_unless(weight.is_contiguous(), op, "weight must be contiguous")
+    if bias is not None:
+        check_same_dtype(bias, x, op, "bias", "x")
+        fail_unless(bias.dim() == 1, op, lambda: f"bias must have 1 dimensions, got shape {list(bias.shape)}")
+        check_shape(bias, op, "bias", (N,))
+        check_device(bias, x, op, "bias")
+    check_out(out, x, op, "out", (M, N), x.dtype)

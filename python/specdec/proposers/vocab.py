@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.model.prepare import PackedLinear, PackingConfig, UpcastLinear, dense_weight
+from specdec.model.prepare import DotLinear, PackedLinear, PackingConfig, UpcastLinear, dense_weight
 
 __all__ = ["check_vocab_ids", "check_vocabulary", "head_for_ids", "head_rows", "vocab_size"]
 
@@ -66,7 +66,7 @@ def head_rows(lm_head: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor
 
 
 def head_for_ids(lm_head: torch.nn.Module, ids: int | torch.Tensor) -> torch.nn.Module:
-    """A copy of an LM head (``nn.Linear``, or prepared: ``PackedLinear``) scoring only ``ids``
+    """A copy of an LM head (``nn.Linear``, or prepared: ``DotLinear``, ``PackedLinear``) scoring only ``ids``
     (a 1-D tensor of ids, its columns in that order; an int n: ids 0 .. n-1).
 
     Example:
@@ -92,6 +92,8 @@ def head_for_ids(lm_head: torch.nn.Module, ids: int | torch.Tensor) -> torch.nn.
     # (PackingConfig.for_draft).
     if isinstance(lm_head, UpcastLinear):
         return UpcastLinear(sub, lm_head.upcast_rows)
+    if isinstance(lm_head, DotLinear):
+        return DotLinear(sub)
     config = PackingConfig.for_draft()
     return (PackedLinear(sub, config.batch_hint, min_rows=config.min_rows) if isinstance(lm_head, PackedLinear)
             else sub)

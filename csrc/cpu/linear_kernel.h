@@ -1,0 +1,189 @@
+// The CPU kernel of specdec::linear: y[M, N] = x[M, K] W[N, K]^T (+ bias), float32 or
+// bfloat16 (bfloat16 widened to float32 exactly, summed in float32, rounded once). This
+// header is compiled three times (linear_base.cpp for any CPU; on x86-64 linear_avx2.cpp with
+// AVX2/FMA and linear_avx512.cpp with AVX-512), each time inside its own namespace
+// SPECDEC_CPU_ISA; the launcher (linear.cpp) picks the widest the CPU runs.
+//
+// Row invariance (what keeps a target's logits the same whatever the number of tokens in its
+// pass, docs/verification.md): every output y[m, n] is one dot product computed the same way
+// for any M, any position of its row and any thread count: L lane sums (L = 8, 16 with
+// AVX-512) over k = 0, L, 2L, ... (the last block zero-padded), each a chain of fused
+// multiply-adds in order of k, then halved pairwise (lane i + lane i + L/2, ...) down to one
+// sum, then the bias. Register tiles of several rows and columns only share the loads, never a
+// sum. (The sums differ between instruction sets: a machine always runs the same one.)
+//
+// Speed: a decoding step multiplies one row (or a few) by every weight, so it streams the
+// weights from memory once: the tasks split the output columns, each reads its block of weight
+// rows once for all of x's rows (x stays in cache), and the tiles keep 12 (24 with AVX-512)
+// independent sums in flight.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#include "cpu/linear_args.h"
+
+#ifndef SPECDEC_CPU_ISA
+#error "define SPECDEC_CPU_ISA before including cpu/linear_kernel.h"
+#endif
+
+namespace specdec::cpu::SPECDEC_CPU_ISA {
+namespace {
+
+// L floats, and the register tiles: kRows x kCols sums for several rows, kOneRowCols for one.
+// GCC/Clang lower a vector to one AVX/AVX-512 register where enabled, to SSE/NEON ones elsewhere.
+#if defined(__AVX512F__)
+constexpr int L = 16, kRows = 4, kCols = 6, kOneRowCols = 16;
+#else
+constexpr int L = 8, kRows = 3, kCols = 4, kOneRowCols = 12;
+#endif
+// How far ahead of its loads a tile asks for a weight row (floats: 4 cache lines): the hardware
+// prefetcher alone fell behind when a tile reads only a few rows.
+constexpr int64_t kPrefetch = 64;
+typedef float vec __attribute__((vector_size(L * sizeof(float))));
+
+typedef uint16_t half_bits __attribute__((vector_size(L * sizeof(uint16_t))));
+typedef uint32_t word_bits __attribute__((vector_size(L * sizeof(uint32_t))));
+
+inline vec load(const float* p) {
+  vec x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+// bfloat16 is the upper half of a float32: widening is exact.
+inline vec load(const c10::BFloat16* p) {
+  half_bits h;
+  std::memcpy(&h, p, sizeof h);
+  const word_bits w = __builtin_convertvector(h, word_bits) << 16;
+  vec x;
+  std::memcpy(&x, &w, sizeof x);
+  return x;
+}
+// The first n < L elements of p, then zeros.
+template <class T>
+inline vec load_tail(const T* p, int64_t n) {
+  T t[L] = {};
+  std::memcpy(t, p, n * sizeof(T));
+  return load(t);
+}
+// acc + a * b, rounded once with FMA, twice in the base kernel (these files are compiled
+// without FMA contraction, so every tile shape rounds the same way).
+inline vec fma(vec a, vec b, vec acc) {
+#if defined(__AVX512F__)
+  return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return (vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)acc);
+#else
+  return acc + a * b;
+#endif
+}
+// Lane i + lane i + h for h = L/2, L/4, ..., 1.
+inline float hsum(vec x) {
+  float t[L];
+  std::memcpy(t, &x, sizeof t);
+  for (int h = L / 2; h >= 1; h /= 2)
+    for (int i = 0; i < h; ++i) t[i] = t[i] + t[i + h];
+  return t[0];
+}
+
+// y[r, c] = x[r, :] . w[c, :] (+ bias[c]) for r < MR, c < NR.
+template <int MR, int NR, class T>
+inline void tile(const LinearArgs& a, const T* x, const T* w, const T* bias, T* y) {
+  vec acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = vec{};
+  const int64_t K = a.K, KL = K / L * L;
+  for (int64_t k = 0; k < KL; k += L) {
+    vec xv[MR];
+    for (int r = 0; r < MR; ++r) xv[r] = load(x + r * a.ldx + k);
+    for (int c = 0; c < NR; ++c) {
+      __builtin_prefetch(w + c * K + k + kPrefetch);
+      const vec wv = load(w + c * K + k);
+      for (int r = 0; r < MR; ++r) acc[r][c] = fma(xv[r], wv, acc[r][c]);
+    }
+  }
+  if (KL < K) {
+    vec xv[MR];
+    for (int r = 0; r < MR; ++r) xv[r] = load_tail(x + r * a.ldx + KL, K - KL);
+    for (int c = 0; c < NR; ++c) {
+      const vec wv = load_tail(w + c * K + KL, K - KL);
+      for (int r = 0; r < MR; ++r) acc[r][c] = fma(xv[r], wv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) {
+      const float s = hsum(acc[r][c]);
+      y[r * a.ldy + c] = static_cast<T>(bias ? s + static_cast<float>(bias[c]) : s);
+    }
+}
+
+// Rows [m0, m1) of the output columns [n0, n0 + NR): tiles of kRows rows, then one tile of
+// the 1 .. kRows - 1 rows left.
+template <int NR, class T, int MR = kRows>
+void columns(const LinearArgs& a, int64_t m0, int64_t m1, int64_t n0) {
+  const T *x = static_cast<const T*>(a.x), *w = static_cast<const T*>(a.w) + n0 * a.K;
+  const T* bias = a.bias ? static_cast<const T*>(a.bias) + n0 : nullptr;
+  T* y = static_cast<T*>(a.y);
+  int64_t m = m0;
+  for (; m + MR <= m1; m += MR) tile<MR, NR>(a, x + m * a.ldx, w, bias, y + m * a.ldy + n0);
+  if constexpr (MR > 1) {
+    if (m < m1) columns<NR, T, MR - 1>(a, m, m1, n0);
+  }
+}
+
+// One row, columns [n0, n1): kOneRowCols columns a tile.
+template <class T>
+void one_row(const LinearArgs& a, int64_t n0, int64_t n1) {
+  const T *x = static_cast<const T*>(a.x), *w = static_cast<const T*>(a.w);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+  int64_t n = n0;
+  for (; n + kOneRowCols <= n1; n += kOneRowCols)
+    tile<1, kOneRowCols>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n);
+  for (; n < n1; ++n) tile<1, 1>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n);
+}
+
+template <class T>
+void linear(const LinearArgs& a) {
+  if (a.M == 1) {
+    // Blocks of 4 tiles: enough tasks for every thread.
+    constexpr int64_t kBlock = 4 * kOneRowCols;
+    at::parallel_for(0, (a.N + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+      one_row<T>(a, b0 * kBlock, std::min(b1 * kBlock, a.N));
+    });
+    return;
+  }
+  // Rows in chunks that stay in cache while a block of weight rows is read for all of them.
+  constexpr int64_t kRowChunk = 96, kColBlock = 4 * kCols;
+  at::parallel_for(0, (a.N + kColBlock - 1) / kColBlock, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk) {
+      const int64_t m1 = std::min(m0 + kRowChunk, a.M);
+      for (int64_t n = b0 * kColBlock; n < std::min(b1 * kColBlock, a.N); n += kCols) {
+        if (n + kCols <= a.N) {
+          columns<kCols, T>(a, m0, m1, n);
+        } else {
+          for (int64_t c = n; c < a.N; ++c) columns<1, T>(a, m0, m1, c);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void linear(const LinearArgs& a) {
+  if (a.dtype == c10::kBFloat16)
+    linear<c10::BFloat16>(a);
+  else
+    linear<float>(a);
+}
+
+}  // namespace specdec::cpu::SPECDEC_CPU_ISA
