@@ -44,7 +44,9 @@ void linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<a
   a.y = out.mutable_data_ptr();
   a.M = M, a.N = N, a.K = K, a.ldx = xc.stride(0), a.ldy = N;
   a.dtype = x.scalar_type();
-  if (cpu_has_avx512())
+  if (cpu_has_avx512bf16())
+    avx512bf16::linear(a);
+  else if (cpu_has_avx512())
     avx512::linear(a);
   else if (cpu_has_avx2())
     avx2::linear(a);

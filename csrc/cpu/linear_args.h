@@ -28,5 +28,8 @@ void linear(const LinearArgs& a);
 namespace avx512 {
 void linear(const LinearArgs& a);
 }
+namespace avx512bf16 {
+void linear(const LinearArgs& a);
+}
 
 }  // namespace specdec::cpu

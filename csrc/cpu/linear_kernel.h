@@ -1,15 +1,16 @@
 // The CPU kernel of specdec::linear: y[M, N] = x[M, K] W[N, K]^T (+ bias), float32 or
-// bfloat16 (bfloat16 widened to float32 exactly, summed in float32, rounded once). This
-// header is compiled three times (linear_base.cpp for any CPU; on x86-64 linear_avx2.cpp with
-// AVX2/FMA and linear_avx512.cpp with AVX-512), each time inside its own namespace
+// bfloat16 (summed in float32, rounded once). This header is compiled four times
+// (linear_base.cpp for any CPU; on x86-64 linear_avx2.cpp with AVX2/FMA, linear_avx512.cpp with
+// AVX-512 and linear_avx512bf16.cpp with AVX512-BF16 too), each time inside its own namespace
 // SPECDEC_CPU_ISA; the launcher (linear.cpp) picks the widest the CPU runs.
 //
 // Row invariance (what keeps a target's logits the same whatever the number of tokens in its
 // pass, docs/verification.md): every output y[m, n] is one dot product computed the same way
 // for any M, any position of its row and any thread count: L lane sums (L = 8, 16 with
 // AVX-512) over k = 0, L, 2L, ... (the last block zero-padded), each a chain of fused
-// multiply-adds in order of k, then halved pairwise (lane i + lane i + L/2, ...) down to one
-// sum, then the bias. Register tiles of several rows and columns only share the loads, never a
+// multiply-adds in order of k (bfloat16 widened to float32 exactly; with AVX512-BF16, blocks of
+// 2L, lane i taking elements 2i and 2i + 1 in one vdpbf16ps), then halved pairwise (lane i +
+// lane i + L/2, ...) down to one sum, then the bias. Register tiles of several rows and columns only share the loads, never a
 // sum. (The sums differ between instruction sets: a machine always runs the same one.)
 //
 // Speed: a decoding step multiplies one row (or a few) by every weight, so it streams the
@@ -53,27 +54,6 @@ typedef float vec __attribute__((vector_size(L * sizeof(float))));
 typedef uint16_t half_bits __attribute__((vector_size(L * sizeof(uint16_t))));
 typedef uint32_t word_bits __attribute__((vector_size(L * sizeof(uint32_t))));
 
-inline vec load(const float* p) {
-  vec x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
-// bfloat16 is the upper half of a float32: widening is exact.
-inline vec load(const c10::BFloat16* p) {
-  half_bits h;
-  std::memcpy(&h, p, sizeof h);
-  const word_bits w = __builtin_convertvector(h, word_bits) << 16;
-  vec x;
-  std::memcpy(&x, &w, sizeof x);
-  return x;
-}
-// The first n < L elements of p, then zeros.
-template <class T>
-inline vec load_tail(const T* p, int64_t n) {
-  T t[L] = {};
-  std::memcpy(t, p, n * sizeof(T));
-  return load(t);
-}
 // acc + a * b, rounded once with FMA, twice in the base kernel (these files are compiled
 // without FMA contraction, so every tile shape rounds the same way).
 inline vec fma(vec a, vec b, vec acc) {
@@ -84,6 +64,59 @@ inline vec fma(vec a, vec b, vec acc) {
 #else
   return acc + a * b;
 #endif
+}
+
+// How a tile reads elements of type T and adds their products into L float32 sums: `step`
+// elements of k a load (`in`), `mac` adds their products to acc.
+template <class T>
+struct Lanes;
+
+template <>
+struct Lanes<float> {
+  using in = vec;
+  static constexpr int step = L;
+  static in load(const float* p) {
+    vec x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
+  }
+  static vec mac(in x, in w, vec acc) { return fma(x, w, acc); }
+};
+
+#if defined(__AVX512BF16__)
+// AVX512-BF16: 32 elements a load; lane i adds the products of elements 2i and 2i + 1
+// (vdpbf16ps: exact bf16 products, float32 sums rounded to nearest even, denormals flushed).
+template <>
+struct Lanes<c10::BFloat16> {
+  using in = __m512bh;
+  static constexpr int step = 2 * L;
+  static in load(const c10::BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static vec mac(in x, in w, vec acc) { return (vec)_mm512_dpbf16_ps((__m512)acc, x, w); }
+};
+#else
+// bfloat16 is the upper half of a float32: widened exactly, then multiplied as float32.
+template <>
+struct Lanes<c10::BFloat16> {
+  using in = vec;
+  static constexpr int step = L;
+  static in load(const c10::BFloat16* p) {
+    half_bits h;
+    std::memcpy(&h, p, sizeof h);
+    const word_bits w = __builtin_convertvector(h, word_bits) << 16;
+    vec x;
+    std::memcpy(&x, &w, sizeof x);
+    return x;
+  }
+  static vec mac(in x, in w, vec acc) { return fma(x, w, acc); }
+};
+#endif
+
+// The first n < step elements of p, then zeros.
+template <class T>
+inline typename Lanes<T>::in load_tail(const T* p, int64_t n) {
+  T t[Lanes<T>::step] = {};
+  std::memcpy(t, p, n * sizeof(T));
+  return Lanes<T>::load(t);
 }
 // Lane i + lane i + h for h = L/2, L/4, ..., 1.
 inline float hsum(vec x) {
@@ -97,25 +130,26 @@ inline float hsum(vec x) {
 // y[r, c] = x[r, :] . w[c, :] (+ bias[c]) for r < MR, c < NR.
 template <int MR, int NR, class T>
 inline void tile(const LinearArgs& a, const T* x, const T* w, const T* bias, T* y) {
+  using E = Lanes<T>;
   vec acc[MR][NR];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) acc[r][c] = vec{};
-  const int64_t K = a.K, KL = K / L * L;
-  for (int64_t k = 0; k < KL; k += L) {
-    vec xv[MR];
-    for (int r = 0; r < MR; ++r) xv[r] = load(x + r * a.ldx + k);
+  const int64_t K = a.K, KS = K / E::step * E::step;
+  for (int64_t k = 0; k < KS; k += E::step) {
+    typename E::in xv[MR];
+    for (int r = 0; r < MR; ++r) xv[r] = E::load(x + r * a.ldx + k);
     for (int c = 0; c < NR; ++c) {
       __builtin_prefetch(w + c * K + k + kPrefetch);
-      const vec wv = load(w + c * K + k);
-      for (int r = 0; r < MR; ++r) acc[r][c] = fma(xv[r], wv, acc[r][c]);
+      const typename E::in wv = E::load(w + c * K + k);
+      for (int r = 0; r < MR; ++r) acc[r][c] = E::mac(xv[r], wv, acc[r][c]);
     }
   }
-  if (KL < K) {
-    vec xv[MR];
-    for (int r = 0; r < MR; ++r) xv[r] = load_tail(x + r * a.ldx + KL, K - KL);
+  if (KS < K) {
+    typename E::in xv[MR];
+    for (int r = 0; r < MR; ++r) xv[r] = load_tail(x + r * a.ldx + KS, K - KS);
     for (int c = 0; c < NR; ++c) {
-      const vec wv = load_tail(w + c * K + KL, K - KL);
-      for (int r = 0; r < MR; ++r) acc[r][c] = fma(xv[r], wv, acc[r][c]);
+      const typename E::in wv = load_tail(w + c * K + KS, K - KS);
+      for (int r = 0; r < MR; ++r) acc[r][c] = E::mac(xv[r], wv, acc[r][c]);
     }
   }
   for (int r = 0; r < MR; ++r)

@@ -117,8 +117,7 @@ def test_bfloat16_draft_upcast_for_wide_passes_keeps_greedy_identity(monkeypatch
     monkeypatch.setattr(specdec.model.prepare, "bf16_packable", lambda: False)
     target = tiny_lm("qwen2", seed=5)
     draft = perturbed(target, 0.05, 4).to(torch.bfloat16)
-    config = dataclasses.replace(specdec.PackingConfig.for_draft(), kernel="onednn")  # as asked
-    draft = specdec.pack_linear_layers(draft, config)
+    draft = specdec.pack_linear_layers(draft, specdec.PackingConfig.for_draft())  # oneDNN's kernel
     assert any(isinstance(m, specdec.model.prepare.UpcastLinear) for m in draft.modules())
     prompts = [list(range(3, 40)), PROMPTS[0]]  # a prompt past upcast_rows tokens, a short one
     for method in (specdec.DraftModel(draft, 4, adaptive=True),

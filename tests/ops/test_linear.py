@@ -29,14 +29,16 @@ def test_close_to_the_exact_product(N, K, with_bias):
 
 
 @pytest.mark.parametrize("N,K", SHAPES)
-def test_bfloat16_is_the_float32_product_rounded_once(N, K):
-    """bfloat16 inputs widen to float32 exactly: the bfloat16 product is the float32 product of
-    the same values, rounded to bfloat16."""
+def test_bfloat16_is_the_float32_product_rounded(N, K):
+    """bfloat16 products are summed in float32 and rounded once: within one bfloat16 step of
+    the float32 product of the same values (the float32 sums' order differs with AVX512-BF16)."""
     gen = torch.Generator().manual_seed(K)
     w, x, b = (torch.randn(*s, generator=gen).bfloat16() for s in ((N, K), (9, K), (N,)))
     y = ops.linear(x, w, b)
     assert y.dtype == torch.bfloat16
-    assert torch.equal(y, ops.linear(x.float(), w.float(), b.float()).bfloat16())
+    want = reference(x.float(), w.float(), b.float())
+    summing = 1e-6 * K * x.abs().max().item() * w.abs().max().item()  # float32 sums, any order
+    assert ((y.double() - want).abs() <= want.abs() * 2**-8 + summing).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -90,8 +90,9 @@ class PackingConfig:
     ``upcast_rows`` to bfloat16 layers that neither kernel takes.
 
     A draft model only proposes: its logits need not be the same for every row count, so
-    :meth:`for_draft` turns padding off, which makes a small draft's one-token passes cheaper
-    (docs/benchmarks.md), and turns on ``upcast_rows``.
+    :meth:`for_draft` takes oneDNN's kernel, whose bfloat16 products are several times faster on
+    CPUs with AMX (docs/verification.md), turns padding off, which makes a small draft's one-token
+    passes cheaper (docs/benchmarks.md), and turns on ``upcast_rows``.
     """
 
     batch_hint: int = 16
@@ -111,16 +112,17 @@ class PackingConfig:
 
     @classmethod
     def for_draft(cls) -> PackingConfig:
-        """The configuration for a model that only proposes tokens (a draft): no padding, and
-        bfloat16 products over 10 rows or more in float32 where oneDNN cannot pack bfloat16
-        (10: where the upcast pays for every layer shape of Qwen2.5-Coder-0.5B on an AVX2 CPU,
-        docs/benchmarks.md).
+        """The configuration for a model that only proposes tokens (a draft): oneDNN's kernel
+        (no row invariance needed), no padding, and bfloat16 products over 10 rows or more in
+        float32 where oneDNN cannot pack bfloat16 (10: where the upcast pays for every layer
+        shape of Qwen2.5-Coder-0.5B on an AVX2 CPU, docs/benchmarks.md).
 
         Example:
-            >>> PackingConfig.for_draft().min_rows, PackingConfig.for_draft().upcast_rows
-            (1, 10)
+            >>> draft = PackingConfig.for_draft()
+            >>> draft.kernel, draft.min_rows, draft.upcast_rows
+            ('onednn', 1, 10)
         """
-        return cls(min_rows=1, upcast_rows=10)
+        return cls(min_rows=1, upcast_rows=10, kernel="onednn")
 
 
 class PackedLinear(nn.Module):
