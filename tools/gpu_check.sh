@@ -71,6 +71,14 @@ if [ -z "$sanitizer" ] && command -v nvcc >/dev/null; then
   [ -x "$candidate" ] && sanitizer=$candidate
 fi
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# The extension must run on the libstdc++ of the compiler that builds it. On the first H200 lent
+# (2026-12-04) a Python process had loaded another one before it, and formatting an error
+# message (a bad-input test) crashed inside it; preloading the compiler's fixed that
+# (docs/cuda_kernels.md, "First run").
+cxx_runtime=$(c++ -print-file-name=libstdc++.so.6 2>/dev/null || true)
+case "$cxx_runtime" in
+  /*) [ -f "$cxx_runtime" ] && export LD_PRELOAD="$cxx_runtime${LD_PRELOAD:+:$LD_PRELOAD}" ;;
+esac
 
 # --- the summary, rewritten after every step ---------------------------------------------------
 header=""
@@ -210,7 +218,7 @@ else
   fi
   arch=${cap:+${cap}-real}
 fi
-header="GPU: ${gpu:-none found by nvidia-smi}; ${torch_line:-no Python with torch ($PYTHON)}; CUDA architectures: ${arch:-unknown}; nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo none)."
+header="GPU: ${gpu:-none found by nvidia-smi}; ${torch_line:-no Python with torch ($PYTHON)}; CUDA architectures: ${arch:-unknown}; nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo none); LD_PRELOAD: ${LD_PRELOAD:-none}."
 echo "$header" >> "$out/checks.log"
 
 if [ -z "$py" ]; then

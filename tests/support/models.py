@@ -63,7 +63,7 @@ def random_drafter(target: torch.nn.Module, draft_vocab_size: int | None = None,
         for p in drafter.parameters():
             if p.requires_grad:
                 spread = float(p.std()) or 0.05
-                p.add_(torch.randn(p.shape, generator=gen) * scale * spread)
+                p.add_(torch.randn(p.shape, generator=gen).to(p.device) * scale * spread)
     return drafter
 
 

@@ -36,6 +36,8 @@ def device_or_exit(name: str) -> torch.device:
         print(f"FAIL: device {name}: torch {torch.__version__} sees no CUDA device")
         sys.exit(2)
     if device.type == "cuda":
+        if device.index is None:  # set_device wants an index (torch 2.11 refuses a bare "cuda")
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     return device
 

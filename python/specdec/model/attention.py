@@ -130,7 +130,7 @@ def _slot_attention(query: Tensor, key: Tensor, value: Tensor, visible: Tensor, 
     mask = visible[:, None].expand(B, G, T, kv_len).reshape(B, 1, G * T, kv_len)
     out = F.scaled_dot_product_attention(query.reshape(B, Hkv, G * T, D), key[:, :, :kv_len],
                                          value[:, :, :kv_len], attn_mask=mask, scale=scaling)
-    return out.view(B, H, T, D).transpose(1, 2)
+    return out.reshape(B, H, T, D).transpose(1, 2)  # CUDA's SDPA may return it strided
 
 
 def enable_tree_attention(model: PreTrainedModel) -> None:
