@@ -200,7 +200,7 @@ def main() -> int:
                    lambda: tree_attention(*shape, dtype, with_mask, atol))
 
     def kv_commit(dtype) -> str | None:
-        L, B, H, S, D, A = 2, 3, 2, 24, 16, 4
+        L, B, H, S, D = 2, 3, 2, 24, 16
         ks = [torch.randn(B, H, S, D, generator=gen).to(dtype) for _ in range(L)]
         vs = [torch.randn(B, H, S, D + 2, generator=gen).to(dtype) for _ in range(L)]
         lengths = torch.tensor([0, 5, 12])

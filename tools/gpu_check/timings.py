@@ -183,7 +183,6 @@ def attention_vs_sdpa(timer: Timer, report: Report, quick: bool) -> None:
             rows.append([str(T), str(S), fmt(ours), fmt(sdpa), fmt(flash), fmt(floor), ratio(sdpa),
                          ratio(flash), ratio(floor)])
             report.write()
-            del q, k, v, mask
 
 
 # --- 2. sampling bandwidth ----------------------------------------------------------------------
