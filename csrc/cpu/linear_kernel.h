@@ -118,13 +118,21 @@ inline typename Lanes<T>::in load_tail(const T* p, int64_t n) {
   std::memcpy(t, p, n * sizeof(T));
   return Lanes<T>::load(t);
 }
-// Lane i + lane i + h for h = L/2, L/4, ..., 1.
+// Lane i + lane i + h for h = L/2, L/4, ..., 1 (lanes from h on are left over): in registers,
+// each step one shuffle and one add of the whole vector.
+typedef int32_t lane_ids __attribute__((vector_size(L * sizeof(int32_t))));
+template <int H>
+constexpr lane_ids shifted() {
+  lane_ids ids{};
+  for (int i = 0; i < L; ++i) ids[i] = (i + H) % L;
+  return ids;
+}
 inline float hsum(vec x) {
-  float t[L];
-  std::memcpy(t, &x, sizeof t);
-  for (int h = L / 2; h >= 1; h /= 2)
-    for (int i = 0; i < h; ++i) t[i] = t[i] + t[i + h];
-  return t[0];
+  if constexpr (L == 16) x = x + __builtin_shuffle(x, shifted<8>());
+  x = x + __builtin_shuffle(x, shifted<4>());
+  x = x + __builtin_shuffle(x, shifted<2>());
+  x = x + __builtin_shuffle(x, shifted<1>());
+  return x[0];
 }
 
 // y[r, c] = x[r, :] . w[c, :] (+ bias[c]) for r < MR, c < NR.
