@@ -51,8 +51,8 @@ void define_ops(torch::Library& m) {
       "kv_commit(Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor(c!) lengths, "
       "Tensor src_pos, Tensor accept_len) -> ()");
 
-  // A target's linear layers on CPU (float32, bfloat16): each output row's bits are the same whatever
-  // the number of rows in the product, so verification passes are exact (CPU kernel only).
+  // A target's linear layers on CPU (float32, bfloat16): each output row's bits are the same
+  // whatever the number of rows in the product, so verification passes are exact (CPU only).
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, *, Tensor(a!) out) -> ()");
 }
 

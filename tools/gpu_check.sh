@@ -71,10 +71,9 @@ if [ -z "$sanitizer" ] && command -v nvcc >/dev/null; then
   [ -x "$candidate" ] && sanitizer=$candidate
 fi
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# The extension must run on the libstdc++ of the compiler that builds it. On the first H200 lent
-# (2026-12-04) a Python process had loaded another one before it, and formatting an error
-# message (a bad-input test) crashed inside it; preloading the compiler's fixed that
-# (docs/cuda_kernels.md, "First run").
+# The extension must run on the libstdc++ of the compiler that builds it: where a Python
+# process loads another one first, formatting an error message can crash inside it
+# (docs/cuda_kernels.md, "First run on a GPU").
 cxx_runtime=$(c++ -print-file-name=libstdc++.so.6 2>/dev/null || true)
 case "$cxx_runtime" in
   /*) [ -f "$cxx_runtime" ] && export LD_PRELOAD="$cxx_runtime${LD_PRELOAD:+:$LD_PRELOAD}" ;;

@@ -1,6 +1,5 @@
 // Which instruction set the CPU kernels compiled more than once (base, AVX2/FMA, AVX-512,
-// AVX512-BF16) run
-// with.
+// AVX512-BF16) run with.
 #pragma once
 
 namespace specdec::cpu {

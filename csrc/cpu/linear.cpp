@@ -1,6 +1,6 @@
-// CPU launcher of linear (the kernel: cpu/linear_kernel.h). A CPU-only op: on GPUs the
-// engines' own GEMMs serve targets, and packing for CPU passes is what it is for
-// (docs/verification.md).
+// CPU launcher of linear (the kernel: cpu/linear_kernel.h). A CPU-only op: it is what
+// specdec.pack_linear_layers prepares CPU models with; on GPUs the engines' own GEMMs serve
+// targets (docs/verification.md).
 #include <torch/library.h>
 
 #include "cpu/linear_args.h"

@@ -10,8 +10,9 @@
 // AVX-512) over k = 0, L, 2L, ... (the last block zero-padded), each a chain of fused
 // multiply-adds in order of k (bfloat16 widened to float32 exactly; with AVX512-BF16, blocks of
 // 2L, lane i taking elements 2i and 2i + 1 in one vdpbf16ps), then halved pairwise (lane i +
-// lane i + L/2, ...) down to one sum, then the bias. Register tiles of several rows and columns only share the loads, never a
-// sum. (The sums differ between instruction sets: a machine always runs the same one.)
+// lane i + L/2, ...) down to one sum, then the bias. Register tiles of several rows and
+// columns only share the loads, never a sum. (The sums differ between instruction sets: a
+// machine always runs the same one.)
 //
 // Speed: a decoding step multiplies one row (or a few) by every weight, so it streams the
 // weights from memory once: the tasks split the output columns, each reads its block of weight

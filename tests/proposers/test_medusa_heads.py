@@ -14,7 +14,7 @@ from support.models import tiny_lm
 
 import specdec
 import specdec.proposers.medusa.heads
-from specdec.model.prepare import PackedLinear
+from specdec.model.linear_layers import DotLinear, PackedLinear
 from specdec.proposers.medusa.heads import MedusaConfig, MedusaHeads
 
 
@@ -214,12 +214,17 @@ def test_bad_vocab_ids_are_refused():
         MedusaHeads.for_target(model, num_heads=2, vocab_ids=torch.arange(5))(torch.zeros(32))
 
 
-def test_attach_to_a_prepared_target_equals_the_plain_one():
-    plain = tiny_lm(vocab=96)
-    prepared = specdec.pack_linear_layers(copy.deepcopy(plain))
-    if not isinstance(prepared.lm_head, PackedLinear):
+@pytest.mark.parametrize("kernel", ["specdec", "onednn"])
+def test_attach_to_a_prepared_target_equals_the_plain_one(kernel):
+    if kernel == "onednn" and not torch.backends.mkldnn.is_available():
         pytest.skip("torch without oneDNN: nothing is packed")
-    assert prepared.lm_head.weight is None  # only the packed copy is left to read
+    plain = tiny_lm(vocab=96)
+    prepared = specdec.pack_linear_layers(copy.deepcopy(plain), specdec.PackingConfig(kernel=kernel))
+    if kernel == "onednn":
+        assert isinstance(prepared.lm_head, PackedLinear)
+        assert prepared.lm_head.weight is None  # only the packed copy is left to read
+    else:
+        assert isinstance(prepared.lm_head, DotLinear)
     vocab_ids = torch.arange(90, 0, -3)
     heads = _randomise(MedusaHeads.for_target(plain, num_heads=2, vocab_ids=vocab_ids))
     other = MedusaHeads(heads.config, vocab_ids)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.model.prepare import DotLinear, PackedLinear, PackingConfig, UpcastLinear, dense_weight
+from specdec.model.linear_layers import DotLinear, PackedLinear, UpcastLinear, dense_weight
+from specdec.model.prepare import PackingConfig
 
 __all__ = ["check_vocab_ids", "check_vocabulary", "head_for_ids", "head_rows", "vocab_size"]
 

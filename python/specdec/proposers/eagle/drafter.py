@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from specdec.model.prepare import PackedLinear, dense_weight
+from specdec.model.linear_layers import PackedLinear, dense_weight
 from specdec.proposers.vocab import check_vocab_ids, head_for_ids
 from specdec.proposers.eagle.files import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, read_saved
 from specdec.proposers.files import write_atomically
