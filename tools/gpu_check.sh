@@ -73,7 +73,7 @@ fi
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # The extension must run on the libstdc++ of the compiler that builds it: where a Python
 # process loads another one first, formatting an error message can crash inside it
-# (docs/cuda_kernels.md, "First run on a GPU").
+# (docs/cuda_kernels.md, "Runs on a GPU").
 cxx_runtime=$(c++ -print-file-name=libstdc++.so.6 2>/dev/null || true)
 case "$cxx_runtime" in
   /*) [ -f "$cxx_runtime" ] && export LD_PRELOAD="$cxx_runtime${LD_PRELOAD:+:$LD_PRELOAD}" ;;

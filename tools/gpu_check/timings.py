@@ -191,17 +191,26 @@ def attention_vs_sdpa(timer: Timer, report: Report, quick: bool) -> None:
 def sampling_bandwidth(timer: Timer, report: Report, quick: bool) -> None:
     dev = timer.device
     V = 1000 if quick else 152064
+    l2 = (f"the {torch.cuda.get_device_properties(dev).L2_cache_size / 2**20:.0f} MiB L2"
+          if dev.type == "cuda" else "the L2")
     rows = report.section(
         f"Sampling ops: achieved bandwidth (V = {V}, float32 probabilities)",
-        "Bytes: what the kernels must move in the case, counted by hand (every row rejects what it "
-        "is offered, so every row draws): chain, q = 1: the draw's pass over p (4V per row); chain "
-        "with draft probabilities: p and q (8V); tree, q = 1, 7 children of the root all rejected: "
-        "p copied into the residual, then the draw's pass over it (12V); tree, draft "
-        "probabilities, the same 7 children: per child p or the residual and q read, the residual "
-        "written (12V each), then the draw (4V); typical acceptance over T = 8 nodes: the "
-        "entropies' pass over every node (8 x 4V), then a draw (4V). Fraction: of 4.8 TB/s. Calls run back "
-        "to back, so data under the 60 MB L2 (B = 1, and B = 64 in part) is partly read from it: B = 512 "
-        "measures HBM.",
+        "Bytes: the global-memory reads and writes of the kernels' passes over the vocabulary, "
+        "counted by hand from the kernel code, per row (a float32 pass: 4V bytes; scalar reads "
+        "and each draw's re-read of the 512-entry chunk its token falls in, 2 KB, left out). "
+        "Chain rows reject draft 0 and tree rows every child, so every row draws: chain, q = 1: "
+        "the draw's pass over p (4V); chain with draft probabilities: the draw's pass over p and "
+        "q (8V); tree, q = 1, 7 children of the root all rejected (no pass for them): p read and "
+        "the residual written, then the draw's pass over the residual (12V); tree, draft "
+        "probabilities, the same 7 children: per child one pass reading p (the first child) or "
+        "the residual and q, writing the residual (12V each), then the draw's pass over the "
+        "residual (4V): 88V; typical acceptance over a chain of T = 8 nodes: the entropies' pass "
+        "over every node (8 x 4V), then the draw at the node the walk stops at (4V). Fraction: of "
+        f"4.8 TB/s. Calls run back to back, so data under {l2} (B = 1, and B = 64 in "
+        "part) is partly read from it. The tree rows count the residual (float32 [B, V] scratch "
+        "that a row's block writes and reads back) as HBM traffic: at B = 512 it is several times "
+        "the L2, yet a read that follows its write closely may still be served by L2, so those "
+        "rows bound HBM traffic from above; the other B = 512 rows measure HBM.",
         ["case", "rows", "time", "bytes", "GB/s", "fraction of HBM"])
     Bs = [1, 4] if quick else [1, 64, 512]
     cases = []
@@ -242,7 +251,10 @@ def sampling_bandwidth(timer: Timer, report: Report, quick: bool) -> None:
                 q /= q.sum(-1, keepdim=True)
             u = torch.rand(B, T, generator=gen, device=dev)
             fn = lambda: ops.tree_speculative_sampling(tokens, parents, p, u, q)  # noqa: E731
-            nbytes = B * V * 4 * ((12 * (T - 1) + 4) if stochastic else 12)
+            # float32 [V] rows read or written: per child p (or the residual) and q read, the
+            # residual written, then the draw's read of it; q = 1: the copy (p, the residual), the
+            # draw (the residual).
+            nbytes = B * V * 4 * ((3 * (T - 1) + 1) if stochastic else 3)
         else:
             T = 8
             parents = torch.tensor([[-1] + list(range(T - 1))] * B, device=dev)
