@@ -237,11 +237,13 @@ def test_saved_drafter_proposes_the_same(tmp_path):
     assert torch.equal(runs[0].sequences, runs[1].sequences)
 
 
-def test_fresh_drafter_of_a_prepared_target_and_in_its_dtype():
-    # The layer is copied from the target's packed weights, and the drafter scores in the
-    # target's dtype (a bf16 target's LM head rows).
+@pytest.mark.parametrize("kernel", ["specdec", "onednn"])
+def test_fresh_drafter_of_a_prepared_target_and_in_its_dtype(kernel):
+    # The layer is copied from the target's prepared weights (oneDNN's packed copy: the training
+    # commands prepare the target so), and the drafter scores in the target's dtype (a bf16
+    # target's LM head rows).
     plain = tiny_lm("qwen2", seed=49)
-    prepared = specdec.pack_linear_layers(tiny_lm("qwen2", seed=49))
+    prepared = specdec.pack_linear_layers(tiny_lm("qwen2", seed=49), specdec.PackingConfig(kernel=kernel))
     a, b = EagleDrafter.for_target(plain), EagleDrafter.for_target(prepared)
     for (name, x), (_, y) in zip(a.weights().items(), b.weights().items()):
         assert torch.equal(x, y), name

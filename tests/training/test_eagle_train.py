@@ -346,8 +346,8 @@ def test_cached_eagle_trains_once_then_loads(tmp_path, monkeypatch):
 def test_cli_train_eagle_passes_its_flags(tmp_path, monkeypatch):
     calls = {}
 
-    def load_models(args):
-        calls["no_accelerate"] = args.no_accelerate
+    def load_models(args, packing=None):
+        calls["prepared"] = None if args.no_accelerate else packing
         return "target", "tokenizer", None
 
     monkeypatch.setattr(common, "load_models", load_models)
@@ -359,13 +359,13 @@ def test_cli_train_eagle_passes_its_flags(tmp_path, monkeypatch):
     assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
     assert calls["kwargs"] == dict(num_tokens=5000, draft_vocab_size=1000, data=[str(data)], epochs=3,
                                    train_depth=2, resume=True)
-    assert calls["no_accelerate"]  # the drafter copies the target's last layer: left unpacked
+    assert calls["prepared"].kernel == "onednn"  # features over whole chunks: the fastest wide products
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", "o"])
     defaults = EagleTrainConfig()
     assert calls["kwargs"] == dict(num_tokens=defaults.num_tokens, draft_vocab_size=defaults.draft_vocab_size,
                                    data=None, epochs=defaults.epochs, train_depth=defaults.train_depth, resume=False)
 
-    def no_models(args):
+    def no_models(*args):
         raise AssertionError("the model was loaded before --data was checked")
 
     monkeypatch.setattr(common, "load_models", no_models)

@@ -175,7 +175,11 @@ def test_default_data_is_installed_python_code_as_chat_answers():
 
 def test_cli_train_medusa_passes_its_flags(tmp_path, monkeypatch):
     calls = {}
-    monkeypatch.setattr(common, "load_models", lambda args: ("target", "tokenizer", None))
+    def load_models(args, packing=None):
+        calls["prepared"] = None if args.no_accelerate else packing
+        return "target", "tokenizer", None
+
+    monkeypatch.setattr(common, "load_models", load_models)
     monkeypatch.setattr(medusa_train, "train_medusa", lambda *a, **kw: calls.update(args=a, kwargs=kw))
     data = tmp_path / "d.txt"
     data.write_text("text")
@@ -184,6 +188,7 @@ def test_cli_train_medusa_passes_its_flags(tmp_path, monkeypatch):
     assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
     assert calls["kwargs"] == dict(num_heads=4, num_tokens=5000, vocab_size=1000, data=[str(data)],
                                    num_layers=1, epochs=TrainConfig().epochs, resume=True)
+    assert calls["prepared"].kernel == "onednn"  # features over whole chunks: the fastest wide products
     cli.main(["train-medusa", "--model", "smollm2-135m", "--out", "o"])
     defaults = TrainConfig()
     assert calls["kwargs"]["num_heads"] == defaults.num_heads and calls["kwargs"]["data"] is None
@@ -191,7 +196,7 @@ def test_cli_train_medusa_passes_its_flags(tmp_path, monkeypatch):
 
 
 def test_cli_train_medusa_checks_data_before_loading_the_model(tmp_path, monkeypatch):
-    def no_models(args):
+    def no_models(*args):
         raise AssertionError("the model was loaded before --data was checked")
 
     monkeypatch.setattr(common, "load_models", no_models)

@@ -136,11 +136,21 @@ def _check_data(args: argparse.Namespace) -> None:
         sys.exit(f"specdec {args.command}: --data: no such file: {', '.join(missing)}")
 
 
+def _training_target(args: argparse.Namespace):
+    """The target and tokenizer a training command learns from. Training reads the target's
+    features over whole chunks of text, wide passes that need no row invariance: oneDNN's packed
+    products run them fastest (docs/benchmarks.md, "EAGLE and Medusa")."""
+    import specdec
+
+    _check_data(args)
+    target, tokenizer, _ = common.load_models(args, specdec.PackingConfig(kernel="onednn"))
+    return target, tokenizer
+
+
 def cmd_train_medusa(args: argparse.Namespace) -> None:
     from specdec.training.medusa import train_medusa
 
-    _check_data(args)
-    target, tokenizer, _ = common.load_models(args)
+    target, tokenizer = _training_target(args)
     train_medusa(target, tokenizer, args.out, num_heads=args.heads, num_tokens=args.tokens,
                  vocab_size=args.vocab_size, data=args.data, num_layers=args.layers,
                  epochs=args.epochs, resume=args.resume)
@@ -149,8 +159,7 @@ def cmd_train_medusa(args: argparse.Namespace) -> None:
 def cmd_train_eagle(args: argparse.Namespace) -> None:
     from specdec.training.eagle import train_eagle
 
-    _check_data(args)
-    target, tokenizer, _ = common.load_models(args)
+    target, tokenizer = _training_target(args)
     train_eagle(target, tokenizer, args.out, num_tokens=args.tokens, draft_vocab_size=args.draft_vocab_size,
                 data=args.data, epochs=args.epochs, train_depth=args.train_depth, resume=args.resume)
 
@@ -279,9 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--train-depth", type=int, default=eagle.train_depth,
                    help="depths trained drafting from its own features (1: teacher-forced only; each "
                         "depth costs about one more epoch's time)")
-    # The target is left unprepared, as train_eagle was first measured (EagleDrafter.for_target
-    # now unpacks a prepared layer too; preparing the target here is untried).
-    e.set_defaults(func=cmd_train_eagle, no_accelerate=True)
+    e.set_defaults(func=cmd_train_eagle)
 
     from specdec.cli.export_vllm import add_parser as add_export_vllm
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specdec.model.prepare import PackingConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,9 +44,10 @@ def prompt_text(args: argparse.Namespace) -> str:
     return args.prompt
 
 
-def load_models(args: argparse.Namespace):
-    """The target (and the draft, if asked for) in the requested dtype, prepared for cheap
-    verification passes unless --no-accelerate: (target, tokenizer, draft or None)."""
+def load_models(args: argparse.Namespace, packing: PackingConfig | None = None):
+    """The target (and the draft, if asked for) in the requested dtype, prepared unless
+    --no-accelerate: the target with ``packing`` (default: for cheap, row-invariant
+    verification passes), the draft for drafting. Returns (target, tokenizer, draft or None)."""
     import specdec
     from specdec import models
 
@@ -52,7 +57,7 @@ def load_models(args: argparse.Namespace):
     draft_dtype = DTYPES[args.draft_dtype or args.dtype]
     draft = models.load(args.draft, dtype=draft_dtype)[0] if args.draft else None
     if not args.no_accelerate:
-        specdec.pack_linear_layers(target)
+        specdec.pack_linear_layers(target, packing)
         if draft is not None:
             specdec.pack_linear_layers(draft, specdec.PackingConfig.for_draft())
     return target, tokenizer, draft
