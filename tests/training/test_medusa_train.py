@@ -175,6 +175,7 @@ def test_default_data_is_installed_python_code_as_chat_answers():
 
 def test_cli_train_medusa_passes_its_flags(tmp_path, monkeypatch):
     calls = {}
+
     def load_models(args, packing=None):
         calls["prepared"] = None if args.no_accelerate else packing
         return "target", "tokenizer", None
