@@ -211,7 +211,7 @@ def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys)
     model = tiny_lm(seed=0, init=0.02)
     out = tmp_path / "drafter"
     drafter = specdec.train_eagle(model, CharTokenizer(), out, num_tokens=3000, draft_vocab_size=96,
-                                  data=repeating_text(tmp_path), chunk_tokens=128, epochs=8, lr=3e-3,
+                                  regenerate=False, data=repeating_text(tmp_path), chunk_tokens=128, epochs=8, lr=3e-3,
                                   cache_dir=tmp_path / "cache")
     m = drafter.metrics
     assert m["heldout_positions"] > 200 and m["heldout_in_vocab"] == 1.0
@@ -219,7 +219,7 @@ def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys)
     assert drafter.rank_accuracy.shape == (5, 10) and (drafter.rank_accuracy.sum(1) <= 1 + 1e-6).all()
     torch.testing.assert_close(torch.tensor(m["top5"]), drafter.rank_accuracy[:, :5].sum(1))
     assert m["config"] == asdict(EagleTrainConfig(num_tokens=3000, draft_vocab_size=96, chunk_tokens=128,
-                                                  epochs=8, lr=3e-3))
+                                                  epochs=8, lr=3e-3, regenerate=False))
     # The same drafter before training (the target's last layer, fc adding the token's embedding).
     chunks, _ = build_chunks(CharTokenizer(), repeating_text(tmp_path), num_tokens=3000, chunk_tokens=128)
     features, seconds = extract_features(model, chunks, 10, tmp_path / "cache", verbose=False)
@@ -251,7 +251,8 @@ def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys)
 
 def test_the_vocabulary_is_the_commonest_training_labels_then_the_lowest_others(tmp_path):
     model = tiny_lm(seed=0, init=0.02)
-    settings = dict(num_tokens=1500, data=repeating_text(tmp_path), chunk_tokens=100, cache_dir=tmp_path / "cache")
+    settings = dict(num_tokens=1500, regenerate=False, data=repeating_text(tmp_path), chunk_tokens=100,
+                    cache_dir=tmp_path / "cache")
     drafter = specdec.train_eagle(model, CharTokenizer(), tmp_path / "d", draft_vocab_size=6, epochs=1,
                                   verbose=False, **settings)
     chunks, _ = build_chunks(CharTokenizer(), settings["data"], num_tokens=1500, chunk_tokens=100)
@@ -271,7 +272,8 @@ def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_
     model = tiny_lm(seed=1)
     forwards = []
     model.get_decoder().register_forward_hook(lambda *args: forwards.append(1))
-    settings = dict(num_tokens=1500, draft_vocab_size=90, data=repeating_text(tmp_path), chunk_tokens=100,
+    settings = dict(num_tokens=1500, draft_vocab_size=90, regenerate=False, data=repeating_text(tmp_path),
+                    chunk_tokens=100,
                     epochs=3, train_depth=2, batch_size=2, lr=3e-3, cache_dir=tmp_path / "cache", verbose=False)
     whole = specdec.train_eagle(model, CharTokenizer(), tmp_path / "whole", **settings)
     assert len(forwards) == 15  # one per chunk, the first time
@@ -355,15 +357,18 @@ def test_cli_train_eagle_passes_its_flags(tmp_path, monkeypatch):
     data = tmp_path / "d.txt"
     data.write_text("text")
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--tokens", "5000",
-              "--draft-vocab-size", "1000", "--data", str(data), "--epochs", "3", "--train-depth", "2", "--resume"])
+              "--draft-vocab-size", "1000", "--data", str(data), "--epochs", "3", "--train-depth", "2", "--resume",
+              "--no-regenerate"])
     assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
     assert calls["kwargs"] == dict(num_tokens=5000, draft_vocab_size=1000, data=[str(data)], epochs=3,
-                                   train_depth=2, resume=True)
+                                   train_depth=2, regenerate=False, resume=True)
     assert calls["prepared"].kernel == "onednn"  # features over whole chunks: the fastest wide products
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", "o"])
     defaults = EagleTrainConfig()
     assert calls["kwargs"] == dict(num_tokens=defaults.num_tokens, draft_vocab_size=defaults.draft_vocab_size,
-                                   data=None, epochs=defaults.epochs, train_depth=defaults.train_depth, resume=False)
+                                   data=None, epochs=defaults.epochs, train_depth=defaults.train_depth,
+                                   regenerate=defaults.regenerate, resume=False)
+    assert defaults.regenerate  # the target's own text, unless --no-regenerate
 
     def no_models(*args):
         raise AssertionError("the model was loaded before --data was checked")

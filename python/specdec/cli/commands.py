@@ -153,7 +153,7 @@ def cmd_train_medusa(args: argparse.Namespace) -> None:
     target, tokenizer = _training_target(args)
     train_medusa(target, tokenizer, args.out, num_heads=args.heads, num_tokens=args.tokens,
                  vocab_size=args.vocab_size, data=args.data, num_layers=args.layers,
-                 epochs=args.epochs, resume=args.resume)
+                 epochs=args.epochs, regenerate=args.regenerate, resume=args.resume)
 
 
 def cmd_train_eagle(args: argparse.Namespace) -> None:
@@ -161,7 +161,8 @@ def cmd_train_eagle(args: argparse.Namespace) -> None:
 
     target, tokenizer = _training_target(args)
     train_eagle(target, tokenizer, args.out, num_tokens=args.tokens, draft_vocab_size=args.draft_vocab_size,
-                data=args.data, epochs=args.epochs, train_depth=args.train_depth, resume=args.resume)
+                data=args.data, epochs=args.epochs, train_depth=args.train_depth, regenerate=args.regenerate,
+                resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -308,6 +309,10 @@ def _training_parser(sub: argparse._SubParsersAction, name: str, help: str, writ
     p.add_argument("--data", nargs="+", metavar="PATH", default=None,
                    help="text or .jsonl ({\"text\": ...} per line) files (default: the Python sources of "
                         "the installed packages, chat-wrapped for chat models)")
+    p.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=cfg.regenerate,
+                   help="learn from the target's own continuations of the data's prompts (chat requests, "
+                        "else each chunk's first 32 tokens), generated once and cached; --no-regenerate: "
+                        "from the data's text")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.set_defaults(draft=None, draft_dtype=None)
     return p

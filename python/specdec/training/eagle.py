@@ -76,7 +76,8 @@ class EagleTrainConfig:
     ``grad_clip``: the gradient's norm is clipped to it (EAGLE's 0.5). ``depth``: the held-out
     accuracy is measured at depths 1 .. depth. ``train_depth``: the depths trained drafting from
     the drafter's own features (1: teacher-forced only); ``depth_decay``: depth d's losses are
-    weighted ``depth_decay ** (d - 1)`` (EAGLE-3's 0.8, not tuned here).
+    weighted ``depth_decay ** (d - 1)`` (EAGLE-3's 0.8, not tuned here). ``regenerate``: train
+    on the target's own continuations of the data's prompts (:mod:`specdec.training.regenerate`).
     """
 
     num_tokens: int = 20_000
@@ -92,6 +93,7 @@ class EagleTrainConfig:
     depth: int = 5
     train_depth: int = 3
     depth_decay: float = 0.8
+    regenerate: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -116,6 +118,7 @@ def train_eagle(
     batch_size: int = 4,
     lr: float = 5e-4,
     chunk_tokens: int = 256,
+    regenerate: bool = True,
     resume: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     verbose: bool = True,
@@ -126,8 +129,9 @@ def train_eagle(
     labels' commonest, then the lowest others) and save it in ``out_dir``.
 
     ``data``: None (Python sources of the installed packages, chat-wrapped for chat models),
-    or a text file, a JSONL file (``{"text": ...}`` per line) or a list of those, used as they
-    are. Writes ``out_dir/config.json`` and ``drafter.safetensors`` (:meth:`EagleDrafter.load`
+    or a text file, a JSONL file (``{"text": ...}`` per line) or a list of those; with
+    ``regenerate`` (the default) the target writes each chunk past its prompt, as for
+    :func:`specdec.train_medusa`. Writes ``out_dir/config.json`` and ``drafter.safetensors`` (:meth:`EagleDrafter.load`
     reads them), ``metrics.json`` (held-out top-1/top-5 accuracy per depth, drafting from its
     own features, and the per-rank table ``[depth, ranks]``, as Medusa's per head; also in
     ``config.json`` and on the returned drafter), and ``out_dir/checkpoint/`` after every
@@ -171,11 +175,12 @@ def train_eagle(
         >>> tmp.cleanup()
     """
     cfg = EagleTrainConfig(num_tokens=num_tokens, draft_vocab_size=draft_vocab_size, chunk_tokens=chunk_tokens,
-                           epochs=epochs, train_depth=train_depth, batch_size=batch_size, lr=lr, seed=seed)
+                           epochs=epochs, train_depth=train_depth, batch_size=batch_size, lr=lr,
+                           regenerate=regenerate, seed=seed)
     out = Path(out_dir)
     say = Reporter(verbose, "eagle")
     started = time.perf_counter()
-    chunks, source, features, feature_s = training_data(model, tokenizer, data, cfg, cache_dir, say)
+    chunks, source, features, seconds = training_data(model, tokenizer, data, cfg, cache_dir, say)
     ids = torch.tensor([i for chunk in chunks for i in chunk.ids])
     entries = [features.labels[_entries(features, c)] for c in range(len(chunks))]  # their targets' labels
     train = torch.tensor([c for c, e in enumerate(entries) if not features.heldout[c] and (e >= 0).any()],
@@ -211,7 +216,7 @@ def train_eagle(
         "tokens": int(features.offsets[-1]),
         "draft_vocab_size": V,
         "data": source,
-        "feature_seconds": feature_s,
+        **seconds,
         "train_seconds": train_s,
         "eval_seconds": time.perf_counter() - eval_start,
         "total_seconds": time.perf_counter() - started,

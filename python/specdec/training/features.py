@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from specdec.training.corpus import Chunk
 
-__all__ = ["CACHE_FOLDER", "Features", "commonest_ids", "extract_features", "head_targets"]
+__all__ = ["CACHE_FOLDER", "Features", "cache_key", "commonest_ids", "extract_features", "head_targets"]
 
 # Under the specdec cache; the name predates other drafters and is kept so that existing caches
 # are found.
@@ -66,7 +66,7 @@ def extract_features(
     seconds the extraction took (None when read from the cache)."""
     from safetensors.torch import load_file, save_file
 
-    key, stem = _cache_key(model, chunks)
+    key, stem = cache_key(model, chunks)
     path = cache_root / CACHE_FOLDER / f"{stem}-{key[:20]}.safetensors"
     heldout = torch.tensor([i % heldout_every == heldout_every - 1 for i in range(len(chunks))])
     if not heldout.any():
@@ -148,8 +148,9 @@ def head_targets(features: Features, num_heads: int) -> Tensor:
     return torch.stack(columns, 1)
 
 
-def _cache_key(model: nn.Module, chunks: Sequence[Chunk]) -> tuple[str, str]:
-    """A digest of the model and the chunks, and a readable file name stem."""
+def cache_key(model: nn.Module, chunks: Sequence[Chunk], *settings: int) -> tuple[str, str]:
+    """A digest of the model, the chunks and ``settings`` (numbers the cached result depends
+    on), and a readable file name stem."""
     config = model.config
     name = getattr(config, "name_or_path", "") or type(model).__name__
     embedding = model.get_input_embeddings().weight
@@ -160,5 +161,7 @@ def _cache_key(model: nn.Module, chunks: Sequence[Chunk]) -> tuple[str, str]:
     h.update(embedding[:8].detach().float().cpu().numpy().tobytes())
     for chunk in chunks:
         h.update(json.dumps([chunk.start, chunk.ids]).encode())
+    if settings:
+        h.update(json.dumps(settings).encode())
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name or name)
     return h.hexdigest(), f"{stem}-{str(embedding.dtype).removeprefix('torch.')}"

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from specdec.models import cache_dir as default_cache_dir
 from specdec.training.corpus import MIN_CHUNK_TOKENS, Chunk, DataFiles, build_chunks
 from specdec.training.features import Features, extract_features
+from specdec.training.regenerate import regenerate
 
 __all__ = ["CHECKPOINT", "Checkpoint", "Reporter", "accuracy_report", "cached", "check_settings", "cosine_lr",
            "fit", "save_checkpoint", "training_data", "write_results"]
@@ -63,17 +64,25 @@ def check_settings(settings: Any, caller: str, positive: Sequence[str]) -> None:
 
 def training_data(model: nn.Module, tokenizer: Any, data: DataFiles, settings: Any,
                   cache_dir: str | os.PathLike[str] | None, say: Reporter,
-                  ) -> tuple[list[Chunk], str, Features, float | None]:
-    """The chunks of ``data`` (``settings``: ``num_tokens``, ``chunk_tokens``, ``seed``), where
-    they come from, and the target's features over them with every ``settings.heldout_every``-th
-    chunk held out (cached under ``cache_dir``, default the specdec cache), with the seconds
-    their extraction took (None: from the cache)."""
-    chunks, source = build_chunks(tokenizer, data, num_tokens=settings.num_tokens,
-                                  chunk_tokens=settings.chunk_tokens, seed=settings.seed)
-    say(f"[{say.name}] data: {source}: {len(chunks)} chunks, {sum(len(c.ids) for c in chunks)} tokens")
+                  ) -> tuple[list[Chunk], str, Features, dict[str, float | None]]:
+    """The chunks of ``data`` (``settings``: ``num_tokens``, ``chunk_tokens``, ``seed``; with
+    ``settings.regenerate`` the target's continuations of their prompts), where they come from,
+    and the target's features over them with every ``settings.heldout_every``-th chunk held out
+    (cached under ``cache_dir``, default the specdec cache), and the seconds their extraction took
+    (``feature_seconds``) and the continuations' (``regenerate_seconds``): None where cached."""
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    features, feature_s = extract_features(model, chunks, settings.heldout_every, cache_root, say.verbose)
-    return chunks, source, features, feature_s
+    # Continuations may stop early: more prompts than chunks of the data would fill the budget.
+    chunks, source = build_chunks(tokenizer, data, num_tokens=settings.num_tokens * (3 if settings.regenerate else 1),
+                                  chunk_tokens=settings.chunk_tokens, seed=settings.seed)
+    seconds: dict[str, float | None] = {}
+    if settings.regenerate:
+        chunks, seconds["regenerate_seconds"] = regenerate(model, tokenizer, chunks, settings.num_tokens, settings.chunk_tokens,
+                                        cache_root, say.verbose)
+        source = f"the target's continuations of the prompts of {source}"
+    say(f"[{say.name}] data: {source}: {len(chunks)} chunks, {sum(len(c.ids) for c in chunks)} tokens")
+    features, seconds["feature_seconds"] = extract_features(model, chunks, settings.heldout_every, cache_root,
+                                                           say.verbose)
+    return chunks, source, features, seconds
 
 
 def write_results(module: nn.Module, out: Path) -> None:
@@ -191,9 +200,13 @@ def accuracy_report(name: str, heading: str, row: str, rows: str, metrics: dict[
                  f"(P(rank-r candidate is the target's token)):")
     for k, ranks in enumerate(rank_accuracy.tolist(), 1):
         lines.append(f"{k:{w}d}  " + " ".join(f"{p:.3f}" for p in ranks))
-    feature_s = metrics.get("feature_seconds")
-    lines.append(f"[{name}] features {'cached' if feature_s is None else f'{feature_s:.0f} s'}, "
-                 f"training {metrics.get('train_seconds', 0):.0f} s, total {metrics.get('total_seconds', 0):.0f} s")
+
+    def took(key: str) -> str:
+        return "cached" if metrics.get(key) is None else f"{metrics[key]:.0f} s"
+
+    written = f"continuations {took('regenerate_seconds')}, " if "regenerate_seconds" in metrics else ""
+    lines.append(f"[{name}] {written}features {took('feature_seconds')}, training "
+                 f"{metrics.get('train_seconds', 0):.0f} s, total {metrics.get('total_seconds', 0):.0f} s")
     return "\n".join(lines)
 
 

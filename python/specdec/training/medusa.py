@@ -40,7 +40,9 @@ class TrainConfig:
 
     ``num_tokens``: tokens of text run through the target (training and held-out together).
     ``vocab_size``: the heads score at most this many ids, the commonest labels of the
-    training split. ``heldout_every``: every n-th chunk is held out. ``loss_decay``: head k's
+    training split. ``regenerate``: train on the target's own continuations of the data's
+    prompts (:mod:`specdec.training.regenerate`), else on the data's text. ``heldout_every``:
+    every n-th chunk is held out. ``loss_decay``: head k's
     loss weight is ``loss_decay ** (k - 1)`` (later heads are less accurate and matter less:
     a tree reaches them only through the earlier ones).
     """
@@ -55,6 +57,7 @@ class TrainConfig:
     batch_size: int = 128
     lr: float = 1e-3
     loss_decay: float = 0.8
+    regenerate: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -76,6 +79,7 @@ def train_medusa(
     batch_size: int = 128,
     lr: float = 1e-3,
     chunk_tokens: int = 256,
+    regenerate: bool = True,
     resume: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     verbose: bool = True,
@@ -84,8 +88,13 @@ def train_medusa(
     """Train ``num_heads`` Medusa-1 heads for ``model`` and save them in ``out_dir``.
 
     ``data``: None (Python sources of the installed packages, chat-wrapped for chat models),
-    or a text file, a JSONL file (``{"text": ...}`` per line) or a list of those, used as they
-    are. Writes ``out_dir/config.json`` and ``heads.safetensors`` (:meth:`MedusaHeads.load`
+    or a text file, a JSONL file (``{"text": ...}`` per line) or a list of those. With
+    ``regenerate`` (the default) the target writes the text it learns from: each chunk's prompt
+    (a chat chunk's request, else its first 32 tokens) is kept and the rest is the target's
+    greedy continuation (:mod:`specdec.training.regenerate`: heads learn what the target writes,
+    not what the data says; held-out accuracy is then on the target's own text, as in decoding);
+    ``regenerate=False`` learns from the data as it is. Writes ``out_dir/config.json`` and
+    ``heads.safetensors`` (:meth:`MedusaHeads.load`
     reads them), ``metrics.json`` (held-out top-1/top-5 accuracy per head and the per-rank
     table, also in ``config.json`` and on the returned heads), and ``out_dir/checkpoint/``
     after every epoch; ``resume=True`` continues from there with the same settings.
@@ -119,11 +128,11 @@ def train_medusa(
     """
     cfg = TrainConfig(num_heads=num_heads, num_layers=num_layers, num_tokens=num_tokens,
                       vocab_size=vocab_size, chunk_tokens=chunk_tokens, epochs=epochs,
-                      batch_size=batch_size, lr=lr, seed=seed)
+                      batch_size=batch_size, lr=lr, regenerate=regenerate, seed=seed)
     out = Path(out_dir)
     say = Reporter(verbose, "medusa")
     started = time.perf_counter()
-    _, source, features, feature_s = training_data(model, tokenizer, data, cfg, cache_dir, say)
+    _, source, features, seconds = training_data(model, tokenizer, data, cfg, cache_dir, say)
 
     train_pos, test_pos = features.positions(heldout=False), features.positions(heldout=True)
     targets = head_targets(features, cfg.num_heads)  # [N, K] target ids, -1: none
@@ -150,7 +159,7 @@ def train_medusa(
         "tokens": int(features.offsets[-1]),
         "vocab_size": len(vocab_ids),
         "data": source,
-        "feature_seconds": feature_s,
+        **seconds,
         "train_seconds": train_s,
         "total_seconds": time.perf_counter() - started,
         "config": asdict(cfg),
