@@ -159,6 +159,7 @@ def train_eagle(
         >>> from transformers import LlamaConfig, LlamaForCausalLM
         >>> target = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
         ...                                       num_hidden_layers=1, num_attention_heads=2)).eval()
+        >>> target.generation_config.eos_token_id = None  # no end-of-text token: continuations run full
         >>> class Chars:
         ...     chat_template = None
         ...     def __call__(self, text):
