@@ -21,6 +21,13 @@ It writes ``results.json``, ``table.md`` and ``plot.png`` (with matplotlib) unde
 ``--smoke`` checks the script end to end in a few minutes (SmolLM2-135M, one prompt per set,
 8 tokens, eager engines): its figures mean nothing. ``--all-cores`` runs every engine on all the
 machine's cores (vLLM's default leaves one to its scheduler; `engine_env` says what it sets).
+
+``--rounds N`` interleaves the configurations: every engine starts once and stays up, then each
+round runs every configuration in turn (the order rotated each round), so a drift of the machine
+between minutes touches all of them alike. The table gives each row's median tok/s with its
+range, and the ratio to vLLM plain as the median of the ratios within each round. With more than
+one round the engines are up together: lower ``--kv-cache-gib`` (1 GiB holds batch 8 of 4096
+tokens of the 0.5B) and narrow the run with ``--sets`` and ``--batches``.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +52,7 @@ EAGLE_CONFIGS = ("specdec_eagle_in_vllm",)
 STANDALONE_CONFIGS = ("standalone_one_token", "standalone_prompt_lookup")
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
+READY, ROUND_DONE = "[vllm_compare worker] ready", "[vllm_compare worker] round done"
 
 
 @dataclass
@@ -58,17 +68,18 @@ class Measure:
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted: float = 0.0
+    round: int = 0
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
 
 
-def prompt_sets(smoke: bool) -> dict[str, list[str]]:
+def prompt_sets(smoke: bool, names: Sequence[str] = ("generation", "editing")) -> dict[str, list[str]]:
     from specdec.cli.bench import EDITING_PROMPTS, GENERATION_PROMPTS
 
     sets = {"generation": GENERATION_PROMPTS, "editing": EDITING_PROMPTS}
-    return {name: prompts[:1] for name, prompts in sets.items()} if smoke else sets
+    return {name: sets[name][:1] if smoke else sets[name] for name in names}
 
 
 def token_ids(model_dir: str, prompts: list[str]) -> list[list[int]]:
@@ -86,10 +97,13 @@ def requests(ids: list[list[int]], batch: int) -> list[list[list[int]]]:
 
 
 # ---- workers: one engine configuration each, in its own process ------------------------------
-def vllm_worker(args: argparse.Namespace) -> list[Measure]:
-    from vllm import LLM, SamplingParams, TokensPrompt
+Round = Callable[[int], list[Measure]]
 
+
+def vllm_runner(args: argparse.Namespace) -> Round:
+    """Start the configuration's engine; the function it returns measures one round with it."""
     from specdec.vllm import eagle_engine_args, medusa_engine_args
+    from vllm import LLM, SamplingParams, TokensPrompt
 
     engine: dict[str, Any] = {}
     spec = {"num_speculative_tokens": DRAFT_TOKENS}
@@ -100,28 +114,36 @@ def vllm_worker(args: argparse.Namespace) -> list[Measure]:
     elif args.worker == "specdec_lookahead":
         engine["speculative_config"] = {"model": "specdec.vllm.Lookahead", **spec}
     elif args.worker == "specdec_medusa_in_vllm":
-        engine.update(medusa_engine_args(args.exported_heads, args.model_dir))
+        engine.update(medusa_engine_args(args.exported_heads, args.model_dir, args.medusa_tokens))
     elif args.worker == "specdec_eagle_in_vllm":
         engine.update(eagle_engine_args(args.exported_eagle, args.model_dir))
     llm = LLM(model=args.model_dir, dtype="float32", max_model_len=4096, enforce_eager=args.smoke,
               disable_log_stats=False, seed=0, **engine)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=4), use_tqdm=False)
-    measures = []
-    for name, prompts in prompt_sets(args.smoke).items():
-        ids = token_ids(args.model_dir, prompts)
-        for batch in BATCHES:
-            before = counters(llm)
-            outputs, seconds = [], 0.0
-            for group in requests(ids, batch):
-                start = time.perf_counter()
-                done = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group], params, use_tqdm=False)
-                seconds += time.perf_counter() - start
-                outputs += [list(o.outputs[0].token_ids) for o in done]
-            after = counters(llm)
-            delta = [after[k] - before[k] for k in SPEC_COUNTERS]
-            measures.append(Measure(args.worker, name, batch, sum(map(len, outputs)), seconds, outputs, *delta))
-    return measures
+
+    def run_round(index: int) -> list[Measure]:
+        measures = []
+        for name, ids in prompt_ids(args).items():
+            for batch in args.batches:
+                before = counters(llm)
+                outputs, seconds = [], 0.0
+                for group in requests(ids, batch):
+                    start = time.perf_counter()
+                    done = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group], params, use_tqdm=False)
+                    seconds += time.perf_counter() - start
+                    outputs += [list(o.outputs[0].token_ids) for o in done]
+                after = counters(llm)
+                delta = [after[k] - before[k] for k in SPEC_COUNTERS]
+                measures.append(Measure(args.worker, name, batch, sum(map(len, outputs)), seconds, outputs, *delta,
+                                        round=index))
+        return measures
+
+    return run_round
+
+
+def prompt_ids(args: argparse.Namespace) -> dict[str, list[list[int]]]:
+    return {name: token_ids(args.model_dir, prompts) for name, prompts in prompt_sets(args.smoke, args.sets).items()}
 
 
 def counters(llm: Any) -> dict[str, float]:
@@ -129,10 +151,11 @@ def counters(llm: Any) -> dict[str, float]:
     return {k: values.get(k, 0.0) for k in SPEC_COUNTERS}
 
 
-def standalone_worker(args: argparse.Namespace) -> list[Measure]:
-    import torch
-
+def standalone_runner(args: argparse.Namespace) -> Round:
+    """Load the target (and the method's heads or drafter); the function it returns measures one
+    round of ``specdec.generate``."""
     import specdec
+    import torch
     from specdec import models
 
     target, tok = models.load(args.model_dir)
@@ -145,22 +168,26 @@ def standalone_worker(args: argparse.Namespace) -> list[Measure]:
     eos = tok.eos_token_id
     warm = torch.tensor([[1, 2, 3]])
     specdec.generate(target, warm, max_new_tokens=4, method=method)
-    measures = []
-    for name, prompts in prompt_sets(args.smoke).items():
-        ids = token_ids(args.model_dir, prompts)
-        for batch in BATCHES:
-            outputs, seconds = [], 0.0
-            for group in requests(ids, batch):
-                width = max(map(len, group))
-                padded = torch.tensor([[0] * (width - len(p)) + p for p in group])
-                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
-                start = time.perf_counter()
-                out = specdec.generate(target, padded, attention_mask=mask, max_new_tokens=args.max_tokens,
-                                       method=method)
-                seconds += time.perf_counter() - start
-                outputs += [until_eos(row[width:].tolist(), eos) for row in out.sequences]
-            measures.append(Measure(args.worker, name, batch, sum(map(len, outputs)), seconds, outputs))
-    return measures
+
+    def run_round(index: int) -> list[Measure]:
+        measures = []
+        for name, ids in prompt_ids(args).items():
+            for batch in args.batches:
+                outputs, seconds = [], 0.0
+                for group in requests(ids, batch):
+                    width = max(map(len, group))
+                    padded = torch.tensor([[0] * (width - len(p)) + p for p in group])
+                    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+                    start = time.perf_counter()
+                    out = specdec.generate(target, padded, attention_mask=mask, max_new_tokens=args.max_tokens,
+                                           method=method)
+                    seconds += time.perf_counter() - start
+                    outputs += [until_eos(row[width:].tolist(), eos) for row in out.sequences]
+                measures.append(Measure(args.worker, name, batch, sum(map(len, outputs)), seconds, outputs,
+                                        round=index))
+        return measures
+
+    return run_round
 
 
 def until_eos(tokens: list[int], eos: int | None) -> list[int]:
@@ -169,11 +196,55 @@ def until_eos(tokens: list[int], eos: int | None) -> list[int]:
 
 
 # ---- the parent: one process per configuration, then the table ---------------------------------
+def worker(args: argparse.Namespace) -> None:
+    """A configuration's process: start its engine, then measure one round for each line the parent
+    writes (the round's index), answering on stdout once the round's result file is written."""
+    run_round = (standalone_runner if args.worker.startswith("standalone") else vllm_runner)(args)
+    print(READY, flush=True)
+    for line in sys.stdin:
+        Path(args.result).write_text(json.dumps([asdict(m) for m in run_round(int(line))]))
+        print(ROUND_DONE, flush=True)
+
+
+class Worker:
+    """The parent's handle on one configuration's process: started once, asked for rounds over a pipe."""
+
+    def __init__(self, config: str, command: list[str], env: dict[str, str], result: Path) -> None:
+        self.config, self.result = config, result
+        print(f"[vllm_compare] {config}: starting", flush=True)
+        started = time.perf_counter()
+        self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.wait_for(READY)
+        print(f"[vllm_compare] {config}: up in {time.perf_counter() - started:.0f} s", flush=True)
+
+    def wait_for(self, marker: str) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.rstrip("\n") == marker:
+                return
+            print(line, end="", flush=True)
+        raise SystemExit(f"vllm_compare: {self.config} exited (status {self.process.wait()}) before '{marker}'")
+
+    def round(self, index: int) -> list[Measure]:
+        assert self.process.stdin is not None
+        started = time.perf_counter()
+        self.process.stdin.write(f"{index}\n")
+        self.process.stdin.flush()
+        self.wait_for(ROUND_DONE)
+        print(f"[vllm_compare] {self.config}: round {index} in {time.perf_counter() - started:.0f} s", flush=True)
+        return [Measure(**m) for m in json.loads(self.result.read_text())]
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        if status := self.process.wait():
+            raise SystemExit(f"vllm_compare: {self.config} exited with status {status}")
+
+
 def main() -> None:
     args = parse_args()
     if args.worker:
-        run = standalone_worker if args.worker.startswith("standalone") else vllm_worker
-        Path(args.result).write_text(json.dumps([asdict(m) for m in run(args)]))
+        worker(args)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -200,6 +271,7 @@ def main() -> None:
             raise SystemExit(f"vllm_compare: --configs: unknown or not enabled {sorted(unknown)}; "
                              f"these run: {[c for c, _ in configs]}")
     measures: list[Measure] = []
+    selected = []
     for config, python in configs:
         result = out / f"{config}.json"
         # vllm_plain is the reference of every row: it runs unless --out already has its result.
@@ -209,17 +281,37 @@ def main() -> None:
                 print(f"[vllm_compare] {config}: the result already in {result}", flush=True)
                 measures += [Measure(**m) for m in json.loads(result.read_text())]
             continue
-        command = [python, __file__, "--worker", config, "--result", str(result), "--model", args.model_dir,
-                   "--max-tokens", str(args.max_tokens), "--exported-heads", str(out / "medusa-vllm")]
-        command += ["--exported-eagle", str(out / "eagle-vllm")]
+        selected.append((config, python))
+    env = {**os.environ, **engine_env(args)}
+
+    def start(config: str, python: str) -> Worker:
+        command = [python, __file__, "--worker", config, "--result", str(out / f"{config}.json"),
+                   "--model", args.model_dir, "--max-tokens", str(args.max_tokens),
+                   "--sets", *args.sets, "--batches", *map(str, args.batches),
+                   "--exported-heads", str(out / "medusa-vllm"), "--exported-eagle", str(out / "eagle-vllm")]
         command += ["--medusa-heads", args.medusa_heads] if args.medusa_heads else []
+        command += ["--medusa-tokens", str(args.medusa_tokens)] if args.medusa_tokens else []
         command += ["--eagle", args.eagle] if args.eagle else []
         command += ["--smoke"] if args.smoke else []
-        print(f"[vllm_compare] {config} ...", flush=True)
-        started = time.perf_counter()
-        subprocess.run(command, check=True, env={**os.environ, **engine_env(args)})
-        print(f"[vllm_compare] {config}: {time.perf_counter() - started:.0f} s with the engine's start", flush=True)
-        measures += [Measure(**m) for m in json.loads(result.read_text())]
+        return Worker(config, command, env, out / f"{config}.json")
+
+    rounds: dict[str, list[Measure]] = {config: [] for config, _ in selected}
+    if args.rounds == 1:  # one engine up at a time
+        for config, python in selected:
+            engine = start(config, python)
+            rounds[config] += engine.round(0)
+            engine.close()
+    else:  # every engine up, the configurations interleaved, their order rotated each round
+        engines = [start(config, python) for config, python in selected]
+        for index in range(args.rounds):
+            shift = index % len(engines)
+            for engine in engines[shift:] + engines[:shift]:
+                rounds[engine.config] += engine.round(index)
+        for engine in engines:
+            engine.close()
+    for config, runs in rounds.items():
+        (out / f"{config}.json").write_text(json.dumps([asdict(m) for m in runs]))
+        measures += runs
     write(out, measures, args)
 
 
@@ -236,24 +328,38 @@ def engine_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def write(out: Path, measures: list[Measure], args: argparse.Namespace) -> None:
-    plain = {(m.prompts, m.batch): m for m in measures if m.config == "vllm_plain"}
-    rows = []
+    """The table: per configuration, prompt set and batch, the median tok/s over the rounds, its
+    range, and the median of the ratios to vLLM plain within each round (paired, so a drift of the
+    machine between rounds cancels)."""
+    plain = {(m.prompts, m.batch, m.round): m for m in measures if m.config == "vllm_plain"}
+    groups: dict[tuple[str, str, int], list[Measure]] = {}
     for m in measures:
-        base = plain[(m.prompts, m.batch)]
-        rows.append({"config": m.config, "prompts": m.prompts, "batch": m.batch, "tokens": m.tokens,
-                     "seconds": round(m.seconds, 3), "tokens_per_s": round(m.tokens_per_s, 2),
-                     "vs_vllm_plain": round(m.tokens_per_s / base.tokens_per_s, 3),
-                     "identical_to_vllm_plain": m.outputs == base.outputs,
-                     "acceptance": round(m.accepted / m.draft_tokens, 3) if m.draft_tokens else None,
-                     "accepted_per_draft": round(m.accepted / m.drafts, 2) if m.drafts else None})
+        groups.setdefault((m.config, m.prompts, m.batch), []).append(m)
+    rows = []
+    for (config, prompts, batch), runs in groups.items():
+        rates = [m.tokens_per_s for m in runs]
+        paired = [m.tokens_per_s / plain[(prompts, batch, m.round)].tokens_per_s
+                  for m in runs if (prompts, batch, m.round) in plain]
+        reference = min((k for k in plain if k[:2] == (prompts, batch)), key=lambda k: k[2])
+        drafts, draft_tokens, accepted = (sum(getattr(m, f) for m in runs) for f in ("drafts", "draft_tokens", "accepted"))
+        rows.append({"config": config, "prompts": prompts, "batch": batch, "rounds": len(runs),
+                     "tokens": runs[0].tokens, "seconds": [round(m.seconds, 3) for m in runs],
+                     "tokens_per_s": round(statistics.median(rates), 2),
+                     "range": [round(min(rates), 2), round(max(rates), 2)],
+                     "vs_vllm_plain": round(statistics.median(paired), 3),
+                     "identical_to_vllm_plain": all(m.outputs == plain[reference].outputs for m in runs),
+                     "acceptance": round(accepted / draft_tokens, 3) if draft_tokens else None,
+                     "accepted_per_draft": round(accepted / drafts, 2) if drafts else None})
     meta = {"model": args.model_dir, "max_tokens": args.max_tokens, "smoke": args.smoke,
-            "all_cores": args.all_cores,
+            "all_cores": args.all_cores, "rounds": args.rounds,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": os.uname().nodename,
             "cpus": os.cpu_count()}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    head = "| config | prompts | batch | tok/s | vs vLLM plain | acceptance | accepted per draft | identical |"
-    lines = [head, "|" + " --- |" * 8]
-    lines += [f"| {r['config']} | {r['prompts']} | {r['batch']} | {r['tokens_per_s']} | {r['vs_vllm_plain']}x | "
+    head = ("| config | prompts | batch | tok/s (median) | range | vs vLLM plain (median of rounds) | acceptance | "
+            "accepted per draft | identical |")
+    lines = [head, "|" + " --- |" * 9]
+    lines += [f"| {r['config']} | {r['prompts']} | {r['batch']} | {r['tokens_per_s']} | "
+              f"{'-' if r['rounds'] == 1 else '{}-{}'.format(*r['range'])} | {r['vs_vllm_plain']}x | "
               f"{r['acceptance'] if r['acceptance'] is not None else '-'} | "
               f"{r['accepted_per_draft'] if r['accepted_per_draft'] is not None else '-'} | "
               f"{'yes' if r['identical_to_vllm_plain'] else 'NO'} |" for r in rows]
@@ -290,6 +396,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="a specdec demo model's name or a model directory")
     p.add_argument("--medusa-heads", help="heads from specdec train-medusa (exported for vLLM here)")
+    p.add_argument("--medusa-tokens", type=int,
+                   help="num_speculative_tokens of the Medusa heads in vLLM (default: one per head)")
     p.add_argument("--eagle", help="a drafter from specdec train-eagle (exported for vLLM here)")
     p.add_argument("--standalone-python", help="the main environment's python: specdec's own loop beside vLLM")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -297,6 +405,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--all-cores", action="store_true",
                    help="every core to vLLM's worker (VLLM_CPU_NUM_OF_RESERVED_CPU=0) and numba's own thread pool "
                         "(NUMBA_THREADING_LAYER=workqueue); default: vLLM's thread layout")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds over every configuration, engines up together and interleaved (default 1: one "
+                        "engine at a time)")
+    p.add_argument("--sets", nargs="+", choices=("generation", "editing"), default=["generation", "editing"])
+    p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     p.add_argument("--out", default="bench/results/vllm_compare")
     p.add_argument("--smoke", action="store_true", help="SmolLM2-135M, one prompt per set, 8 tokens, eager")
     p.add_argument("--configs", nargs="+", metavar="NAME",
@@ -307,6 +420,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--exported-heads", help=argparse.SUPPRESS)
     p.add_argument("--exported-eagle", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.rounds < 1 or min(args.batches) < 1:
+        p.error("--rounds and --batches take positive numbers")
     if args.smoke and not args.worker:
         args.model, args.max_tokens = "smollm2-135m", 8
     from specdec import models
