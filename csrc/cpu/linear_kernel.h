@@ -17,7 +17,10 @@
 // Speed: a decoding step multiplies one row (or a few) by every weight, so it streams the
 // weights from memory once: the tasks split the output columns, each reads its block of weight
 // rows once for all of x's rows (x stays in cache), and the tiles keep 12 (24 with AVX-512)
-// independent sums in flight.
+// independent sums in flight. With a few rows, the first row tile of a group of columns loads
+// its weights from memory and the others reuse them from L1: every tile of the group asks for
+// its share of the next group's weights (`Ahead`), so the memory keeps streaming while the
+// later tiles compute.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -50,6 +53,14 @@ constexpr int L = 8, kRows = 3, kCols = 4, kOneRowCols = 12;
 // How far ahead of its loads a tile asks for a weight row (floats: 4 cache lines): the hardware
 // prefetcher alone fell behind when a tile reads only a few rows.
 constexpr int64_t kPrefetch = 64;
+constexpr int64_t kLineBytes = 64;
+
+// The weights of the next group of columns (nullptr: none), whose cache lines this tile asks
+// for: lines part, part + parts, part + 2 parts, ... of each of its rows.
+struct Ahead {
+  const void* next = nullptr;
+  int part = 0, parts = 1;
+};
 typedef float vec __attribute__((vector_size(L * sizeof(float))));
 
 typedef uint16_t half_bits __attribute__((vector_size(L * sizeof(uint16_t))));
@@ -138,13 +149,22 @@ inline float hsum(vec x) {
 
 // y[r, c] = x[r, :] . w[c, :] (+ bias[c]) for r < MR, c < NR.
 template <int MR, int NR, class T>
-inline void tile(const LinearArgs& a, const T* x, const T* w, const T* bias, T* y) {
+inline void tile(const LinearArgs& a, const T* x, const T* w, const T* bias, T* y, Ahead ahead = {}) {
   using E = Lanes<T>;
+  // A line holds a whole number of loads (16 or 32 elements; a load takes 8 to 32).
+  constexpr int64_t kLine = kLineBytes / sizeof(T);
+  static_assert(kLine % E::step == 0);
   vec acc[MR][NR];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NR; ++c) acc[r][c] = vec{};
   const int64_t K = a.K, KS = K / E::step * E::step;
+  const T* next = static_cast<const T*>(ahead.next);
+  int64_t next_line = next ? ahead.part * kLine : -1;  // the k of the next line asked for
   for (int64_t k = 0; k < KS; k += E::step) {
+    if (k == next_line) {
+      for (int c = 0; c < NR; ++c) __builtin_prefetch(next + c * K + k);
+      next_line += ahead.parts * kLine;
+    }
     typename E::in xv[MR];
     for (int r = 0; r < MR; ++r) xv[r] = E::load(x + r * a.ldx + k);
     for (int c = 0; c < NR; ++c) {
@@ -169,16 +189,17 @@ inline void tile(const LinearArgs& a, const T* x, const T* w, const T* bias, T* 
 }
 
 // Rows [m0, m1) of the output columns [n0, n0 + NR): tiles of kRows rows, then one tile of
-// the 1 .. kRows - 1 rows left.
+// the 1 .. kRows - 1 rows left; the tiles share out the next group's lines (`Ahead`), which
+// `ahead.next` points to (nullptr for the last group).
 template <int NR, class T, int MR = kRows>
-void columns(const LinearArgs& a, int64_t m0, int64_t m1, int64_t n0) {
+void columns(const LinearArgs& a, int64_t m0, int64_t m1, int64_t n0, Ahead ahead) {
   const T *x = static_cast<const T*>(a.x), *w = static_cast<const T*>(a.w) + n0 * a.K;
   const T* bias = a.bias ? static_cast<const T*>(a.bias) + n0 : nullptr;
   T* y = static_cast<T*>(a.y);
   int64_t m = m0;
-  for (; m + MR <= m1; m += MR) tile<MR, NR>(a, x + m * a.ldx, w, bias, y + m * a.ldy + n0);
+  for (; m + MR <= m1; m += MR, ++ahead.part) tile<MR, NR>(a, x + m * a.ldx, w, bias, y + m * a.ldy + n0, ahead);
   if constexpr (MR > 1) {
-    if (m < m1) columns<NR, T, MR - 1>(a, m, m1, n0);
+    if (m < m1) columns<NR, T, MR - 1>(a, m, m1, n0, ahead);
   }
 }
 
@@ -209,11 +230,14 @@ void linear(const LinearArgs& a) {
   at::parallel_for(0, (a.N + kColBlock - 1) / kColBlock, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk) {
       const int64_t m1 = std::min(m0 + kRowChunk, a.M);
+      const int tiles = static_cast<int>((m1 - m0 + kRows - 1) / kRows);
       for (int64_t n = b0 * kColBlock; n < std::min(b1 * kColBlock, a.N); n += kCols) {
         if (n + kCols <= a.N) {
-          columns<kCols, T>(a, m0, m1, n);
+          const bool last = n + 2 * kCols > a.N;
+          const Ahead ahead{last ? nullptr : static_cast<const T*>(a.w) + (n + kCols) * a.K, 0, tiles};
+          columns<kCols, T>(a, m0, m1, n, ahead);
         } else {
-          for (int64_t c = n; c < a.N; ++c) columns<1, T>(a, m0, m1, c);
+          for (int64_t c = n; c < a.N; ++c) columns<1, T>(a, m0, m1, c, Ahead{});
         }
       }
     }
