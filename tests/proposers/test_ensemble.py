@@ -294,14 +294,18 @@ def test_a_member_alone_is_sized_for_a_pass_of_its_own():
     # On the steps prompt lookup proposes alone (the shape choice's measuring step and
     # explorations) the draft proposes nothing: lookup's chain is sized for a pass without the
     # draft's nodes of the step before; on the union's steps it shares the pass with them.
+    # (Steps are classified by the shape chosen, not by the draft's budget: the cascade may also
+    # skip the draft in a union step, after lookup has proposed, from its measured ms.)
     target = tiny_lm("llama", seed=25)
     lookup = PricedFor(specdec.PromptLookup())
     drafting = Recording(specdec.DraftModel(perturbed(target, 0.0, seed=0), 4))
+    ensemble = Recording(specdec.Ensemble(lookup, drafting))
     out = specdec.generate(target, torch.tensor([PROMPTS[0]]), max_new_tokens=40, eos_token_id=[],
-                           method=specdec.Ensemble(lookup, drafting), pass_costs={k: 10.0 + k for k in range(1, 40)})
+                           method=ensemble, pass_costs={k: 10.0 + k for k in range(1, 40)})
     assert out.sequences[0, len(PROMPTS[0]):].tolist() == hf_greedy(target, PROMPTS[0], 40, eos=[])
-    alone = [extra for extra, (_, _, lookup_budget, *_), (_, _, draft_budget, *_)
-             in zip(lookup.extra, lookup.steps, drafting.steps) if lookup_budget != 0 and draft_budget == 0]
-    in_union = [extra for extra, (_, _, draft_budget, *_) in zip(lookup.extra, drafting.steps) if draft_budget != 0]
+    assert len(ensemble.shapes) == len(lookup.extra) == len(drafting.steps)
+    alone = [extra for extra, shape in zip(lookup.extra, ensemble.shapes) if shape == 1]
+    in_union = [extra for extra, shape, (_, _, draft_budget, *_) in zip(lookup.extra, ensemble.shapes, drafting.steps)
+                if shape == 0 and draft_budget != 0]
     assert alone and all(extra == 0 for extra in alone), alone
     assert any(extra > 0 for extra in in_union[1:])  # in the union it prices the draft's nodes
