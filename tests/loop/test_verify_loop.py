@@ -57,10 +57,9 @@ class ProbeMethod(Method, Proposer):
     def update(self, ctx: Context, step: StepResult) -> None:
         committed, tokens, positions = self.last
         assert step.accept_len.tolist() == [0]  # the candidates are wrong, the truth not verified
-        for i in range(5):
-            want = visible_forward(self.reference, committed, tokens, positions, self.MASK[i].tolist())
-            # Summation order differs (fp32, ~1e-5); a wrong mask or position moves logits by O(1).
-            torch.testing.assert_close(step.logits[0, i], want, rtol=1e-4, atol=5e-5)
+        want = visible_forward(self.reference, committed, tokens, positions, self.MASK.tolist())
+        # Summation order differs (fp32, ~1e-5); a wrong mask or position moves logits by O(1).
+        torch.testing.assert_close(step.logits[0, :5], want, rtol=1e-4, atol=5e-5)
         self.checked.append(len(committed))
 
 

@@ -46,10 +46,19 @@ def packed_and_rectangular(model, device, widths, gen, hidden=False):
 
 
 def visible_forward(model, committed: list[int], nodes: list[int], positions: list[int],
-                    sees: list[bool]) -> torch.Tensor:
-    """The target's logits after the last visible node, run plainly: the committed tokens at
-    0..n-1, then the visible nodes at their own positions (HF sdpa attention, causal among them)."""
-    tokens = committed + [t for t, s in zip(nodes, sees) if s]
-    pos = list(range(len(committed))) + [p for p, s in zip(positions, sees) if s]
+                    sees: list[list[bool]]) -> torch.Tensor:
+    """The target's logits ``[len(sees), V]`` after the last node each mask in ``sees`` shows, run
+    plainly by HF (sdpa attention): the committed tokens at 0..n-1 once, into HF's own KV cache,
+    then per mask the visible nodes at their own positions, causal among them. One batch,
+    right-padded: under the causal mask a row's padding comes after its last token and cannot
+    change it."""
+    rows = [([t for t, s in zip(nodes, see) if s], [p for p, s in zip(positions, see) if s]) for see in sees]
+    width = max(len(tokens) for tokens, _ in rows)
+    tokens = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows])
+    pos = torch.tensor([p + [0] * (width - len(p)) for _, p in rows])
+    last = torch.tensor([len(t) - 1 for t, _ in rows])
     with torch.no_grad():
-        return model(torch.tensor([tokens]), position_ids=torch.tensor([pos])).logits[0, -1]
+        cache = model(torch.tensor([committed]), use_cache=True).cache
+        cache.batch_repeat_interleave(len(rows))
+        logits = model(tokens, position_ids=pos, cache=cache).logits
+    return logits[torch.arange(len(rows)), last]

@@ -155,14 +155,12 @@ def assert_nodes_compute_what_they_see(model, recorder, steps, rtol=1e-4, atol=5
     for committed, proposal, logits, _ in recorder.steps[:steps]:
         for b, row in enumerate(committed):
             nodes = proposal.tokens[b].tolist()
-            for i, token in enumerate(nodes):
-                if token < 0:
-                    continue
-                sees = proposal.attention_mask[b, i].tolist()
-                want = visible_forward(model, row[:-1], nodes, proposal.position_ids[b].tolist(), sees)
-                # Summation orders differ (fp32, ~1e-5); a wrong mask or position moves logits by O(1).
-                torch.testing.assert_close(logits[b, i], want, rtol=rtol, atol=atol)
-                kinds.add("candidate" if proposal.candidates[b, i] and i else "window" if i else "root")
+            real = [i for i, token in enumerate(nodes) if token >= 0]
+            want = visible_forward(model, row[:-1], nodes, proposal.position_ids[b].tolist(),
+                                   proposal.attention_mask[b, real].tolist())
+            # Summation orders differ (fp32, ~1e-5); a wrong mask or position moves logits by O(1).
+            torch.testing.assert_close(logits[b, real], want, rtol=rtol, atol=atol)
+            kinds |= {"candidate" if proposal.candidates[b, i] and i else "window" if i else "root" for i in real}
     return kinds
 
 
