@@ -44,16 +44,20 @@ def assert_passes_match_one_token_passes(model, prefix: torch.Tensor, sizes=SIZE
         prefill(model, cache, prefix)
         P = cache.lengths.clone()
         memo: dict[tuple[int, ...], torch.Tensor] = {}
+        fed: list[int] = []  # the tokens the cache holds after the prefix, each from a one-token pass
 
         def one_token_passes(tokens: list[int]) -> torch.Tensor:
-            """Logits after the last of ``tokens``, fed one pass per token (every prefix's
-            logits are kept on the way)."""
+            """Logits after the last of ``tokens``, fed one pass per token after the part of them
+            the cache already holds from one-token passes (every prefix's logits are kept)."""
             if tuple(tokens) not in memo:
-                cache.rollback(P)
-                for n, t in enumerate(tokens, start=1):
+                common = next((n for n, (a, b) in enumerate(zip(fed, tokens)) if a != b), min(len(fed), len(tokens)))
+                cache.rollback(P + common)
+                del fed[common:]
+                for t in tokens[common:]:
                     out = tree_forward(model, cache, torch.tensor([[t]]), torch.tensor([[-1]]))
                     cache.advance(torch.ones(1, dtype=torch.long))
-                    memo[tuple(tokens[:n])] = out[0, 0]
+                    fed.append(t)
+                    memo[tuple(fed)] = out[0, 0]
             return memo[tuple(tokens)]
 
         chain = torch.randint(vocab, (1, max(sizes)), generator=gen)
@@ -67,9 +71,11 @@ def assert_passes_match_one_token_passes(model, prefix: torch.Tensor, sizes=SIZE
             for shape, parents in shapes.items():
                 nodes = torch.randint(vocab, (1, T), generator=gen) if shape == "tree" else tokens
                 cache.rollback(P)
+                fed.clear()
                 logits = tree_forward(model, cache, nodes, parents)
-                for i in reversed(range(T)):  # the longest path first: it yields its prefixes
-                    path = path_to(parents[0].tolist(), i) if shape == "tree" else list(range(i + 1))
+                paths = {i: path_to(parents[0].tolist(), i) if shape == "tree" else list(range(i + 1)) for i in range(T)}
+                for i in sorted(paths, key=lambda i: paths[i]):  # depth first: each path extends a held one
+                    path = paths[i]
                     want = one_token_passes(nodes[0, path].tolist())
                     assert torch.equal(logits[0, i], want), (
                         f"{shape} of {T} tokens, node {i}: max diff {(logits[0, i] - want).abs().max():.3g}")
