@@ -31,16 +31,20 @@ def length_groups(lengths: Tensor, pass_tokens: int) -> list[Tensor]:
     order = torch.sort(lengths.cpu(), descending=True, stable=True).indices
     n = lengths.cpu()[order].tolist()
     B = len(n)
-    # best[j]: least cost of the first j sorted rows; start[j]: where the last group starts.
-    best, start = [0.0] + [float("inf")] * B, [0] * (B + 1)
-    for j in range(1, B + 1):
-        for i in range(j):  # the group of sorted rows i .. j - 1, padded to n[i]
-            cost = best[i] + (j - i) * n[i] + pass_tokens
+    # Groups start only where the length changes: a group starting inside a run of equal
+    # lengths would do better to take the run's earlier rows (padded less, maybe a pass fewer).
+    # So the program runs over the runs (a batch of equal prompts is one), not the rows.
+    cuts = [i for i in range(B) if i == 0 or n[i] != n[i - 1]] + [B]
+    # best[j]: least cost of the sorted rows before cuts[j]; start[j]: where its last group starts.
+    best, start = [0.0] + [float("inf")] * (len(cuts) - 1), [0] * len(cuts)
+    for j in range(1, len(cuts)):
+        for i in range(j):  # the group of sorted rows cuts[i] .. cuts[j] - 1, padded to n[cuts[i]]
+            cost = best[i] + (cuts[j] - cuts[i]) * n[cuts[i]] + pass_tokens
             if cost < best[j]:
                 best[j], start[j] = cost, i
-    groups, j = [], B
+    groups, j = [], len(cuts) - 1
     while j > 0:
-        groups.append(order[start[j]:j])
+        groups.append(order[cuts[start[j]]:cuts[j]])
         j = start[j]
     return groups[::-1]
 
@@ -71,32 +75,50 @@ def shared_prefixes(tokens: Tensor, lengths: Tensor, min_saved: int = 0) -> tupl
     that is more than ``min_saved`` (what its pass of its own costs, in tokens). The rows are
     sorted by their prompts and split into runs (a dynamic program over the neighbours' common
     lengths); a group's prefix stops one token before its shortest prompt ends (each row keeps
-    its last token for its own pass). Host-side, O(B^2) plus the sort."""
-    B = tokens.shape[0]
-    rows = [tokens[b, : int(n)].tolist() for b, n in enumerate(lengths)]
-    order = sorted(range(B), key=rows.__getitem__)
+    its last token for its own pass). Rows with equal prompts (n samples of one prompt) stay
+    together, so the program runs over the distinct prompts: host-side, O(D^2) for D distinct
+    prompts, plus the sort.
 
-    def common(a: list[int], b: list[int]) -> int:
+    Example (rows 0 and 2 share 4 tokens; a group's pass is worth it from 3 spared tokens):
+        >>> tokens = torch.tensor([[1, 2, 3, 4, 5, 0], [7, 8, 9, 0, 0, 0], [1, 2, 3, 4, 6, 6]])
+        >>> shared_prefixes(tokens, torch.tensor([5, 3, 6]), min_saved=3)
+        (SharedPrefix(rows=(0, 2), length=4),)
+    """
+    B = tokens.shape[0]
+    rows = [tuple(tokens[b, : int(n)].tolist()) for b, n in enumerate(lengths)]
+    order = sorted(range(B), key=rows.__getitem__)
+    # Units: runs of equal prompts in sorted order; units[u] = (first sorted row, end).
+    units = [(i, i) for i in range(B) if i == 0 or rows[order[i]] != rows[order[i - 1]]]
+    units = [(a, b) for (a, _), (b, _) in zip(units, units[1:] + [(B, B)])]
+
+    def common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
         n = min(len(a), len(b)) - 1
         return next((i for i in range(n) if a[i] != b[i]), max(n, 0))
 
-    near = [common(rows[a], rows[b]) for a, b in zip(order, order[1:])]
-    # best[j]: most tokens spared (net of min_saved per group) by the first j sorted rows;
-    # start[j]: where the run ending at sorted row j - 1 starts.
-    best, start = [0] * (B + 1), list(range(-1, B))
-    for j in range(1, B + 1):
-        best[j], start[j], n = best[j - 1], j - 1, None
-        for i in range(j - 1, 0, -1):  # the run of sorted rows i - 1 .. j - 1
-            n = near[i - 1] if n is None else min(n, near[i - 1])
+    # near[u]: common length of units u and u + 1; alone[u]: what a unit's own rows share.
+    near = [common(rows[order[a]], rows[order[b]]) for (a, _), (b, _) in zip(units, units[1:])]
+    alone = [max(len(rows[order[a]]) - 1, 0) for a, _ in units]
+    U = len(units)
+    # best[j]: most tokens spared (net of min_saved per group) by the first j units;
+    # start[j]: where the run of units ending at unit j - 1 starts.
+    best, start = [0] * (U + 1), list(range(-1, U))
+    for j in range(1, U + 1):
+        best[j], start[j], n = best[j - 1], j - 1, alone[j - 1]
+        for i in range(j, 0, -1):  # the run of units i - 1 .. j - 1
+            if i < j:
+                n = min(n, near[i - 1])
             if n == 0:
                 break
-            if best[i - 1] + (j - i) * n - min_saved > best[j]:
-                best[j], start[j] = best[i - 1] + (j - i) * n - min_saved, i - 1
-    groups, j = [], B
+            rows_in = units[j - 1][1] - units[i - 1][0]
+            if rows_in > 1 and best[i - 1] + (rows_in - 1) * n - min_saved > best[j]:
+                best[j], start[j] = best[i - 1] + (rows_in - 1) * n - min_saved, i - 1
+    groups, j = [], U
     while j > 0:
         i = start[j]
-        if j - i > 1:
-            groups.append(SharedPrefix(tuple(sorted(order[i:j])), min(near[i:j - 1])))
+        first, end = units[i][0], units[j - 1][1]
+        if end - first > 1:
+            length = min([alone[j - 1], *near[i:j - 1]])
+            groups.append(SharedPrefix(tuple(sorted(order[first:end])), length))
         j = i
     return tuple(sorted(groups, key=lambda g: g.rows))
 
