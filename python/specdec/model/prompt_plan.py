@@ -16,6 +16,16 @@ from torch import Tensor
 PASS_TOKENS = 64
 
 
+def _run_bounds(keys: Sequence) -> list[int]:
+    """Where each run of equal neighbours in ``keys`` starts, then ``len(keys)``.
+
+    Example:
+        >>> _run_bounds([5, 5, 3, 3, 3, 1])
+        [0, 2, 5, 6]
+    """
+    return [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]] + [len(keys)]
+
+
 def length_groups(lengths: Tensor, pass_tokens: int) -> list[Tensor]:
     """Rows ``[B]`` of prompts of ``lengths`` split into groups prefilled in one pass each,
     padded to the group's longest: the split of the rows sorted by length that computes the
@@ -30,11 +40,10 @@ def length_groups(lengths: Tensor, pass_tokens: int) -> list[Tensor]:
     """
     order = torch.sort(lengths.cpu(), descending=True, stable=True).indices
     n = lengths.cpu()[order].tolist()
-    B = len(n)
     # Groups start only where the length changes: a group starting inside a run of equal
     # lengths would do better to take the run's earlier rows (padded less, maybe a pass fewer).
     # So the program runs over the runs (a batch of equal prompts is one), not the rows.
-    cuts = [i for i in range(B) if i == 0 or n[i] != n[i - 1]] + [B]
+    cuts = _run_bounds(n)
     # best[j]: least cost of the sorted rows before cuts[j]; start[j]: where its last group starts.
     best, start = [0.0] + [float("inf")] * (len(cuts) - 1), [0] * len(cuts)
     for j in range(1, len(cuts)):
@@ -88,8 +97,8 @@ def shared_prefixes(tokens: Tensor, lengths: Tensor, min_saved: int = 0) -> tupl
     rows = [tuple(tokens[b, : int(n)].tolist()) for b, n in enumerate(lengths)]
     order = sorted(range(B), key=rows.__getitem__)
     # Units: runs of equal prompts in sorted order; units[u] = (first sorted row, end).
-    units = [(i, i) for i in range(B) if i == 0 or rows[order[i]] != rows[order[i - 1]]]
-    units = [(a, b) for (a, _), (b, _) in zip(units, units[1:] + [(B, B)])]
+    cuts = _run_bounds([rows[o] for o in order])
+    units = list(zip(cuts, cuts[1:]))
 
     def common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
         n = min(len(a), len(b)) - 1

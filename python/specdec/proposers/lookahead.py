@@ -109,11 +109,14 @@ class Lookahead(Method):
     def start(self, target, ctx: Context, prompt: Tensor, prompt_len: Tensor, max_length: int,
               first: StepResult):
         B, device = ctx.tokens.shape[0], ctx.tokens.device
-        # A row inserts at most its committed tokens' n-grams, plus per step `ngram` of them and
-        # one per window column: a ring of that size never wraps, as the default one would not,
-        # and a large batch does not hold the default's 64k slots per row.
-        capacity = min(NGramPool.DEFAULT_CAPACITY, ctx.tokens.shape[1] * (1 + self.ngram + self.window))
-        pool = NGramPool(B, first.logits.shape[-1], self.ngram, max(self.guess_set, 1), device, capacity=capacity)
+        # A row inserts its prompt's n-grams, then per step `ngram` committed ones and one per
+        # window column, over fewer steps than the context is wide: a ring of that size never
+        # wraps (nor would the default's), and a large batch does not hold the default's 64k
+        # slots per row. Rows joining later start with the same width, so their pools join.
+        width = ctx.tokens.shape[1]
+        capacity = min(NGramPool.DEFAULT_CAPACITY, width * (1 + self.ngram + self.window))
+        pool = NGramPool(B, first.logits.shape[-1], self.ngram, max(self.guess_set, 1), device,
+                         capacity=capacity)
         lookup = None
         if self.max_draft_tokens:
             lookup = PromptLookup(num_draft_tokens=self.max_draft_tokens, adaptive=self.adaptive,
