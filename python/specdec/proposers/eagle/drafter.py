@@ -236,7 +236,7 @@ class EagleDrafter(nn.Module):
     def columns(self, ids: Tensor) -> Tensor:
         """The column of :meth:`logits` that scores each of the target's ``ids`` (any shape), -1
         for ids outside ``vocab_ids`` and for negative ones."""
-        ids = ids.to(self.vocab_ids.device)
+        ids = ids.to(self.vocab_ids.device).contiguous()  # searchsorted copies (and warns) otherwise
         at = torch.searchsorted(self.vocab_ids, ids).clamp_max(len(self.vocab_ids) - 1)
         return torch.where(self.vocab_ids[at] == ids, at, -1)  # a negative id matches no vocab id
 
