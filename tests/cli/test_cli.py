@@ -147,6 +147,25 @@ def test_generate_typical_says_lossy_and_caps_candidates(capsys, monkeypatch):
 
 
 @pytest.mark.real_model
+def test_bench_eagle_rows_alone_and_with_prompt_lookup(tmp_path):
+    import json
+
+    import specdec
+
+    # An untrained drafter: the rows' exactness does not depend on what it drafts.
+    target, _ = specdec.models.load("smollm2-135m")
+    specdec.EagleDrafter.for_target(target, 4096).save(tmp_path / "drafter")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Repeat: the cat sat on the mat, the cat sat on the mat.\n")
+    cli.main(["bench", "--model", "smollm2-135m", "--prompt-file", str(prompts), "--max-new-tokens", "8",
+              "--eagle", str(tmp_path / "drafter"), "--out", str(tmp_path),
+              "--methods", "specdec_one_token", "specdec_eagle", "specdec_eagle_hybrid"])
+    runs = json.loads((tmp_path / "bench_smollm2-135m_float32.json").read_text())["runs"]
+    assert {r["method"] for r in runs} == {"plain", "specdec_one_token", "specdec_eagle", "specdec_eagle_hybrid"}
+    assert all(r["new_tokens"] == 8 and r["identical_to_plain"] for r in runs)
+
+
+@pytest.mark.real_model
 def test_bench_medusa_with_a_typical_sweep(tmp_path):
     import json
 

@@ -234,7 +234,10 @@ def main(args: argparse.Namespace) -> None:
             ours[f"specdec_medusa_typical{eps:g}"] = (
                 specdec.Medusa(heads), dict(sampled, typical=specdec.TypicalAcceptance(eps)))
     if args.eagle:
-        ours["specdec_eagle"] = (specdec.Eagle(eagle_drafter(args, target, tok)), {})
+        drafter = eagle_drafter(args, target, tok)
+        ours["specdec_eagle"] = (specdec.Eagle(drafter), {})
+        # Prompt lookup copies the names a drafter's reduced vocabulary leaves out.
+        ours["specdec_eagle_hybrid"] = (specdec.Ensemble(specdec.PromptLookup(), specdec.Eagle(drafter)), {})
     if draft is not None:
         hf["hf_assisted"] = dict(assistant_model=draft)
         # With --defaults every DraftModel as a user calls it, else with fixed settings.
