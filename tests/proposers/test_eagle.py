@@ -258,3 +258,26 @@ def test_fresh_drafter_of_a_prepared_target_and_in_its_dtype(kernel):
     want = specdec.generate(half, ids, max_new_tokens=12, eos_token_id=[])
     assert torch.equal(specdec.generate(half, ids, max_new_tokens=12, eos_token_id=[], method=method).sequences,
                        want.sequences)
+
+
+def test_a_prepared_target_runs_its_drafter_on_specdecs_kernel(tmp_path):
+    # Decoding on a prepared target prepares the drafter's linear layers too (DotLinear on the
+    # same weights where specdec's kernel is built for this CPU; unchanged elsewhere): same
+    # drafts, same output, the same saved file.
+    target = tiny_lm("qwen2", seed=51)
+    prepared = specdec.pack_linear_layers(tiny_lm("qwen2", seed=51))
+    drafter, plain = random_drafter(target, seed=3), random_drafter(target, seed=3)
+    ids = torch.tensor([PROMPTS[1]])
+    runs = [specdec.generate(t, ids, max_new_tokens=16, eos_token_id=[],
+                             method=specdec.Eagle(d, max_draft_tokens=3, adaptive=False))
+            for t, d in ((prepared, drafter), (target, plain))]
+    kind = "DotLinear" if specdec.model.prepare.dot_kernel_pays() else "Linear"
+    assert {type(m).__name__ for m in (drafter.fc, drafter.layer.mlp.down_proj, drafter.layer.self_attn.q_proj)} == {kind}
+    assert type(plain.fc) is torch.nn.Linear  # a plain target leaves its drafter as it is
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    x, f = torch.randint(target.config.vocab_size, (1, 6)), torch.randn(1, 6, target.config.hidden_size)
+    with torch.no_grad():  # the same drafts up to the products' rounding
+        torch.testing.assert_close(drafter.logits(drafter(x, f)), plain.logits(plain(x, f)))
+    again = EagleDrafter.load(drafter.save(tmp_path / "d"))
+    for (name, x), (_, y) in zip(again.weights().items(), plain.weights().items()):
+        assert torch.equal(x, y), name

@@ -44,6 +44,8 @@ __all__ = [
     "bf16_packable",
     "VerificationConfig",
     "accelerate_verification",
+    "dot_kernel_pays",
+    "is_prepared",
     "pack_linear_layers",
     "dense_weight",
     "memory_overhead",
@@ -156,9 +158,7 @@ def pack_linear_layers(
         packable = set()
     dtypes = packable | dot
     tensors = [*model.parameters(), *model.buffers()]
-    if any(t.device.type != "cpu" for t in tensors) or any(
-        isinstance(m, (PackedLinear, UpcastLinear, DotLinear)) for m in model.modules()
-    ):
+    if any(t.device.type != "cpu" for t in tensors) or is_prepared(model):
         return model
     upcast = set(config.dtypes) - dtypes if config.upcast_rows else set()  # asked for, not packable
     uses: dict[int, int] = {}
@@ -189,12 +189,35 @@ def pack_linear_layers(
     return model
 
 
+def is_prepared(model: nn.Module) -> bool:
+    """Whether :func:`pack_linear_layers` prepared any of ``model``'s linear layers.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8))
+        >>> is_prepared(model), is_prepared(pack_linear_layers(model))
+        (False, True)
+    """
+    return any(isinstance(m, (PackedLinear, UpcastLinear, DotLinear)) for m in model.modules())
+
+
 def _kernel(config: PackingConfig) -> str:
     """``config.kernel`` with "auto" resolved: specdec's kernel where it runs with AVX2/FMA or
     AVX-512 (torch reports the CPU's capability), oneDNN's elsewhere."""
     if config.kernel != "auto":
         return config.kernel
-    return "specdec" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "onednn"
+    return "specdec" if dot_kernel_pays() else "onednn"
+
+
+def dot_kernel_pays() -> bool:
+    """Whether specdec's own kernel (:class:`DotLinear`) is built for this CPU's vector units
+    (AVX2/FMA or AVX-512, as torch reports them): where it is, it is the fastest for decoding's
+    few-row products; elsewhere its portable build is slower than oneDNN's.
+
+    Example:
+        >>> isinstance(dot_kernel_pays(), bool)
+        True
+    """
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def bf16_packable() -> bool:

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from specdec.model.linear_layers import PackedLinear, dense_weight
+from specdec.model.prepare import PackingConfig, dot_kernel_pays, pack_linear_layers
 from specdec.proposers.vocab import check_vocab_ids, head_for_ids
 from specdec.proposers.eagle.files import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, read_saved
 from specdec.proposers.files import write_atomically
@@ -211,6 +212,32 @@ class EagleDrafter(nn.Module):
             head = head_for_ids(lm_head, self.vocab_ids).requires_grad_(False)
         self._target = _Attached(target.get_input_embeddings(), head, dense_weight(lm_head).dtype,
                                  weakref.ref(lm_head))
+        return self
+
+    def prepare(self) -> EagleDrafter:
+        """Run the drafter's linear layers (``fc``, its layer's projections) on specdec's kernel
+        (`specdec.model.linear_layers.DotLinear`: the same weights, no copy, the state and the
+        saved file unchanged) where that kernel is built for this CPU
+        (`specdec.model.prepare.dot_kernel_pays`) and the drafter is on it; elsewhere nothing
+        changes. A drafting step multiplies a few tree nodes per level, where torch's products
+        cost several times specdec's (docs/benchmarks.md). Inference only afterwards: no
+        gradients flow through the kernel. `specdec.Eagle` calls it on a target prepared by
+        `specdec.pack_linear_layers`. Returns ``self``.
+
+        Example:
+            >>> from transformers import LlamaConfig, LlamaForCausalLM
+            >>> target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+            ...                                       num_hidden_layers=1, num_attention_heads=4)).eval()
+            >>> drafter = EagleDrafter.for_target(target)
+            >>> x, f, names = torch.tensor([[5, 7]]), torch.randn(1, 2, 32), sorted(drafter.weights())
+            >>> with torch.no_grad():
+            ...     before = drafter(x, f)
+            ...     after = drafter.prepare()(x, f)
+            >>> torch.allclose(before, after, atol=1e-5), sorted(drafter.weights()) == names
+            (True, True)
+        """
+        if dot_kernel_pays() and self.fc.weight.device.type == "cpu":
+            pack_linear_layers(self, PackingConfig(kernel="specdec"))
         return self
 
     def inputs(self, input_ids: Tensor, features: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ from specdec.loop.shape_choice import accepted_within, choice_for
 from specdec.model.cache import SpecCache
 from specdec.model.forward import forward_pass
 from specdec.model.prefill import prefill_pass
+from specdec.model.prepare import is_prepared
 from specdec.proposers.draft.tree import Calibration, fed_slots, grow, select
 from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.renamed import take_aliases
@@ -101,6 +102,8 @@ class Eagle(Method):
             raise ValueError("Eagle: the drafter needs the target's hidden states at every prompt token "
                              "(StepResult.prompt_hidden), which specdec.generate gives")
         self.drafter.attach(target)
+        if is_prepared(target):
+            self.drafter.prepare()
         room = max_length + fed_slots(self.branches, self.max_draft_tokens)
         cache = SpecCache.for_model(self.drafter.model, batch_size=prompt.shape[0], max_length=room)
         proposer = _EagleProposer(self, cache)
