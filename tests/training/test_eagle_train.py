@@ -249,6 +249,26 @@ def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys)
         loaded.attach(tiny_lm(seed=0, vocab=128))
 
 
+@pytest.mark.parametrize("mixed_precision", [True, False])
+@pytest.mark.parametrize("native", [True, False])
+def test_mixed_precision_computes_the_losses_in_bfloat16_where_the_device_has_it(tmp_path, monkeypatch,
+                                                                                mixed_precision, native):
+    seen = []
+
+    def recording(*args):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return depth_losses(*args)
+
+    monkeypatch.setattr(eagle_train, "depth_losses", recording)
+    monkeypatch.setattr(eagle_train, "bf16_packable", lambda: native)
+    model = tiny_lm(seed=0, init=0.02)
+    drafter = specdec.train_eagle(model, CharTokenizer(), tmp_path / "d", num_tokens=600, draft_vocab_size=96,
+                                  regenerate=False, data=repeating_text(tmp_path), chunk_tokens=128, epochs=1,
+                                  mixed_precision=mixed_precision, cache_dir=tmp_path / "cache", verbose=False)
+    assert seen and set(seen) == {torch.bfloat16 if mixed_precision and native else None}
+    assert drafter.fc.weight.dtype == torch.float32 and drafter.metrics["config"]["mixed_precision"] == mixed_precision
+
+
 def test_the_vocabulary_is_the_commonest_training_labels_then_the_lowest_others(tmp_path):
     model = tiny_lm(seed=0, init=0.02)
     settings = dict(num_tokens=1500, regenerate=False, data=repeating_text(tmp_path), chunk_tokens=100,
@@ -358,16 +378,17 @@ def test_cli_train_eagle_passes_its_flags(tmp_path, monkeypatch):
     data.write_text("text")
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--tokens", "5000",
               "--draft-vocab-size", "1000", "--data", str(data), "--epochs", "3", "--train-depth", "2", "--resume",
-              "--no-regenerate"])
+              "--no-regenerate", "--no-mixed-precision"])
     assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
     assert calls["kwargs"] == dict(num_tokens=5000, draft_vocab_size=1000, data=[str(data)], epochs=3,
-                                   train_depth=2, regenerate=False, resume=True)
+                                   train_depth=2, regenerate=False, mixed_precision=False, resume=True)
     assert calls["prepared"].kernel == "onednn"  # features over whole chunks: the fastest wide products
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", "o"])
     defaults = EagleTrainConfig()
     assert calls["kwargs"] == dict(num_tokens=defaults.num_tokens, draft_vocab_size=defaults.draft_vocab_size,
                                    data=None, epochs=defaults.epochs, train_depth=defaults.train_depth,
-                                   regenerate=defaults.regenerate, resume=False)
+                                   regenerate=defaults.regenerate, mixed_precision=defaults.mixed_precision,
+                                   resume=False)
     assert defaults.regenerate  # the target's own text, unless --no-regenerate
 
     def no_models(*args):

@@ -162,7 +162,7 @@ def cmd_train_eagle(args: argparse.Namespace) -> None:
     target, tokenizer = _training_target(args)
     train_eagle(target, tokenizer, args.out, num_tokens=args.tokens, draft_vocab_size=args.draft_vocab_size,
                 data=args.data, epochs=args.epochs, train_depth=args.train_depth, regenerate=args.regenerate,
-                resume=args.resume)
+                mixed_precision=args.mixed_precision, resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--train-depth", type=int, default=eagle.train_depth,
                    help="depths trained drafting from its own features (1: teacher-forced only; each "
                         "depth costs about one more epoch's time)")
+    e.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=eagle.mixed_precision,
+                   help="the drafter's products in bfloat16 where the CPU has them (AVX512-BF16, AMX) or on CUDA; "
+                        "weights and optimizer in float32")
     e.set_defaults(func=cmd_train_eagle)
 
     from specdec.cli.export_vllm import add_parser as add_export_vllm

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdec.model.prepare import bf16_packable
 from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.proposers.vocab import head_rows
 from specdec.training.corpus import DataFiles
@@ -78,6 +79,10 @@ class EagleTrainConfig:
     the drafter's own features (1: teacher-forced only); ``depth_decay``: depth d's losses are
     weighted ``depth_decay ** (d - 1)`` (EAGLE-3's 0.8, not tuned here). ``regenerate``: train
     on the target's own continuations of the data's prompts (:mod:`specdec.training.regenerate`).
+    ``mixed_precision``: the drafter's products in bfloat16 (``torch.autocast``; its weights and
+    the optimizer in float32) where the device multiplies bfloat16 natively (CUDA; CPUs with
+    AVX512-BF16 or AMX, :func:`specdec.model.prepare.bf16_packable`), float32 elsewhere: 2.4x
+    faster steps on an AVX-512 AMD EPYC (docs/benchmarks.md).
     """
 
     num_tokens: int = 20_000
@@ -94,6 +99,7 @@ class EagleTrainConfig:
     train_depth: int = 3
     depth_decay: float = 0.8
     regenerate: bool = True
+    mixed_precision: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -119,6 +125,7 @@ def train_eagle(
     lr: float = 5e-4,
     chunk_tokens: int = 256,
     regenerate: bool = True,
+    mixed_precision: bool = True,
     resume: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     verbose: bool = True,
@@ -135,7 +142,8 @@ def train_eagle(
     reads them), ``metrics.json`` (held-out top-1/top-5 accuracy per depth, drafting from its
     own features, and the per-rank table ``[depth, ranks]``, as Medusa's per head; also in
     ``config.json`` and on the returned drafter), and ``out_dir/checkpoint/`` after every
-    epoch; ``resume=True`` continues from there with the same settings. ``batch_size`` counts
+    epoch; ``resume=True`` continues from there with the same settings. ``mixed_precision``:
+    bfloat16 products where the device has them (:class:`EagleTrainConfig`). ``batch_size`` counts
     whole chunks (of ``chunk_tokens``). ``train_depth``: depths 2 .. train_depth are trained
     drafting from the drafter's own features, as decoding drafts (the module's docstring). The
     target is not changed (its parameters are frozen while the drafter trains, then as they
@@ -177,7 +185,7 @@ def train_eagle(
     """
     cfg = EagleTrainConfig(num_tokens=num_tokens, draft_vocab_size=draft_vocab_size, chunk_tokens=chunk_tokens,
                            epochs=epochs, train_depth=train_depth, batch_size=batch_size, lr=lr,
-                           regenerate=regenerate, seed=seed)
+                           regenerate=regenerate, mixed_precision=mixed_precision, seed=seed)
     out = Path(out_dir)
     say = Reporter(verbose, "eagle")
     started = time.perf_counter()
@@ -251,7 +259,14 @@ def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor,
 
     return fit(drafter, chunks, batch_loss, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                seed=cfg.seed, checkpoint=Checkpoint(checkpoint, state, restore), resume=resume, say=say,
-               desc="drafter", grad_clip=cfg.grad_clip, after_epoch=after_epoch)
+               desc="drafter", grad_clip=cfg.grad_clip, after_epoch=after_epoch,
+               autocast=torch.bfloat16 if cfg.mixed_precision and _native_bf16(drafter) else None)
+
+
+def _native_bf16(drafter: EagleDrafter) -> bool:
+    """Whether the drafter's device multiplies bfloat16 natively (CUDA; a CPU with AVX512-BF16
+    or AMX)."""
+    return drafter.fc.weight.device.type == "cuda" or bf16_packable()
 
 
 def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor, hidden: Tensor,

@@ -116,13 +116,16 @@ class Checkpoint:
 
 def fit(module: nn.Module, items: Tensor, batch_loss: Callable[[Tensor], Tensor], *, epochs: int,
         batch_size: int, lr: float, seed: int, checkpoint: Checkpoint, resume: bool, say: Reporter,
-        desc: str, grad_clip: float | None = None, after_epoch: Callable[[int], str] | None = None) -> float:
+        desc: str, grad_clip: float | None = None, after_epoch: Callable[[int], str] | None = None,
+        autocast: torch.dtype | None = None) -> float:
     """Train ``module``'s parameters that require grad with AdamW: ``epochs`` passes over
     ``items`` (positions, chunks: what ``batch_loss`` takes) in batches of ``batch_size``,
     shuffled per epoch from ``seed + epoch``, at a cosine-decayed ``lr``, the gradient's norm
     clipped to ``grad_clip`` if given; a progress bar ``desc`` on stderr. After each epoch the
     checkpoint is saved and ``after_epoch(epoch)``'s line (1-based) printed. ``resume``:
-    continue from the checkpoint. Returns the seconds spent."""
+    continue from the checkpoint. ``autocast``: the losses are computed under
+    ``torch.autocast`` in that dtype (matrix products in it; the weights, their gradients and
+    the optimizer stay in theirs). Returns the seconds spent."""
     from tqdm.auto import tqdm
 
     params = [p for p in module.parameters() if p.requires_grad]
@@ -141,7 +144,8 @@ def fit(module: nn.Module, items: Tensor, batch_loss: Callable[[Tensor], Tensor]
             for step in range(steps_per_epoch):
                 for group in optimizer.param_groups:
                     group["lr"] = cosine_lr(lr, epoch * steps_per_epoch + step, total_steps)
-                loss = batch_loss(order[step * batch_size: (step + 1) * batch_size])
+                with torch.autocast(params[0].device.type, dtype=autocast, enabled=autocast is not None):
+                    loss = batch_loss(order[step * batch_size: (step + 1) * batch_size])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if grad_clip is not None:
