@@ -81,8 +81,8 @@ class EagleTrainConfig:
     on the target's own continuations of the data's prompts (:mod:`specdec.training.regenerate`).
     ``mixed_precision``: the drafter's products in bfloat16 (``torch.autocast``; its weights and
     the optimizer in float32) where the device multiplies bfloat16 natively (CUDA; CPUs with
-    AVX512-BF16 or AMX, :func:`specdec.model.prepare.bf16_packable`), float32 elsewhere: 2.4x
-    faster steps on an AVX-512 AMD EPYC (docs/benchmarks.md).
+    AVX512-BF16 or AMX, :func:`specdec.model.prepare.bf16_packable`), float32 elsewhere: steps
+    several times faster at the same accuracy (docs/benchmarks.md).
     """
 
     num_tokens: int = 40_000
@@ -156,12 +156,11 @@ def train_eagle(
     ``fc``, whose inputs are data, only the input's of the frozen head): 0.1 GFLOP per position
     for SmolLM2-135M, 0.5 for Qwen2.5-Coder-1.5B. An epoch at ``train_depth`` 3 costs about
     three teacher-forced ones. AdamW at 5e-4, gradient norm clipped to 0.5, decayed by a cosine
-    over batches of 4 chunks. The defaults (40k tokens, 10 epochs) took 24 minutes for
-    Qwen2.5-Coder-1.5B and 4 for SmolLM2-135M from nothing cached on a 2-core AMD EPYC with
-    AVX512-BF16; without bfloat16 products (``mixed_precision`` has no effect there) the 1.5B's
-    training part takes about 2.4x as long: give it fewer tokens or epochs. More tokens raise
-    the accuracy at every depth (20k -> 40k: depth 1 0.35 -> 0.50 on the 1.5B). Measured times
-    and accuracies: docs/benchmarks.md ("EAGLE and Medusa").
+    over batches of 4 chunks. The defaults (40k tokens, 10 epochs) are sized for a model of
+    1-2B parameters within half an hour on a 2-core CPU with bfloat16 products; without them
+    (``mixed_precision`` has no effect there) training takes several times as long: give a
+    large model fewer tokens or epochs there. More tokens raise the accuracy at every depth.
+    Measured times and accuracies: docs/benchmarks.md ("EAGLE and Medusa").
 
     Example (a tiny random model and a one-id-per-character tokenizer, a second or two):
         >>> import pathlib, tempfile
