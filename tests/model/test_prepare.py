@@ -24,7 +24,7 @@ from transformers import (
 import specdec
 from specdec.model import prepare
 from specdec.model.prepare import (DotLinear, PackedLinear, PackingConfig, UpcastLinear, bf16_packable,
-                                   memory_overhead, pack_linear_layers)
+                                   copy_in_dtype, memory_overhead, pack_linear_layers)
 from specdec.proposers.vocab import head_for_ids
 
 OFF_CPU = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -184,6 +184,35 @@ def test_tied_head_gets_a_packed_copy_or_is_left_alone():
     # a reduced head made from it stays on specdec's kernel: its columns have the full head's bits
     reduced, x = head_for_ids(dot.lm_head, torch.tensor([3, 90, 7])), torch.randn(5, 128)
     assert type(reduced) is DotLinear and torch.equal(reduced(x), dot.lm_head(x)[:, [3, 90, 7]])
+
+
+@pytest.mark.parametrize("kernel", ["specdec", "onednn", None])
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_copy_in_another_dtype_is_plain_and_leaves_the_model_as_it_was(kernel, tie):
+    plain = _tiny("qwen2", tie=tie)
+    expected = _passes(plain)
+    model = plain if kernel is None else pack_linear_layers(copy.deepcopy(plain), PackingConfig(kernel=kernel))
+    layers = [type(m) for m in model.modules()]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    half = copy_in_dtype(model, torch.bfloat16)
+    # Plain layers in bfloat16, frozen, tied weights still one tensor (a packed head keeps no plain
+    # weight to share: its copy is its own), rotary tables as they were.
+    assert not any(isinstance(m, (PackedLinear, DotLinear, UpcastLinear)) for m in half.modules())
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert not any(p.requires_grad for p in half.parameters())
+    assert (half.lm_head.weight is half.model.embed_tokens.weight) == (tie and kernel != "onednn")
+    assert half.model.rotary_emb.inv_freq.dtype == torch.float32
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(half.state_dict()[name], value.to(torch.bfloat16), rtol=0, atol=0)
+    # The model is untouched: the same layers, the same tensors, the same logits.
+    assert [type(m) for m in model.modules()] == layers
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    _assert_same_logits(_passes(model), expected)
+    # The copy computes the model's function, up to bfloat16's rounding.
+    with torch.inference_mode():
+        ids = torch.randint(128, (1, 9), generator=torch.Generator().manual_seed(3))
+        got, want = half(ids).logits.float(), plain(ids).logits
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
 
 
 def test_greedy_generate_unchanged():

@@ -212,14 +212,14 @@ def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys)
     out = tmp_path / "drafter"
     drafter = specdec.train_eagle(model, CharTokenizer(), out, num_tokens=3000, draft_vocab_size=96,
                                   regenerate=False, data=repeating_text(tmp_path), chunk_tokens=128, epochs=8, lr=3e-3,
-                                  cache_dir=tmp_path / "cache")
+                                  data_dtype="float32", cache_dir=tmp_path / "cache")  # the target's features, read below
     m = drafter.metrics
     assert m["heldout_positions"] > 200 and m["heldout_in_vocab"] == 1.0
     assert m["top1"][0] > 0.9 and min(m["top1"][:4]) > 0.7 and m["top1"][4] > 0.4  # chance: 1/96
     assert drafter.rank_accuracy.shape == (5, 10) and (drafter.rank_accuracy.sum(1) <= 1 + 1e-6).all()
     torch.testing.assert_close(torch.tensor(m["top5"]), drafter.rank_accuracy[:, :5].sum(1))
     assert m["config"] == asdict(EagleTrainConfig(num_tokens=3000, draft_vocab_size=96, chunk_tokens=128,
-                                                  epochs=8, lr=3e-3, regenerate=False))
+                                                  epochs=8, lr=3e-3, regenerate=False, data_dtype="float32"))
     # The same drafter before training (the target's last layer, fc adding the token's embedding).
     chunks, _ = build_chunks(CharTokenizer(), repeating_text(tmp_path), num_tokens=3000, chunk_tokens=128)
     features, seconds = extract_features(model, chunks, 10, tmp_path / "cache", verbose=False)
@@ -267,6 +267,37 @@ def test_mixed_precision_computes_the_losses_in_bfloat16_where_the_device_has_it
                                   mixed_precision=mixed_precision, cache_dir=tmp_path / "cache", verbose=False)
     assert seen and set(seen) == {torch.bfloat16 if mixed_precision and native else None}
     assert drafter.fc.weight.dtype == torch.float32 and drafter.metrics["config"]["mixed_precision"] == mixed_precision
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("data_dtype", ["auto", "float32", "bfloat16"])
+def test_the_data_runs_on_a_bfloat16_copy_of_a_float32_target_where_the_device_multiplies_it(
+        tmp_path, monkeypatch, native, data_dtype):
+    passes = []
+
+    def recording(model, *args):
+        passes.append(next(model.parameters()).dtype)
+        return training_loop.training_data(model, *args)
+
+    monkeypatch.setattr(eagle_train, "training_data", recording)
+    monkeypatch.setattr(eagle_train, "bf16_packable", lambda: native)
+    model = tiny_lm(seed=0, init=0.02)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    drafter = specdec.train_eagle(model, CharTokenizer(), tmp_path / "d", num_tokens=600, draft_vocab_size=96,
+                                  regenerate=False, data=repeating_text(tmp_path), chunk_tokens=128, epochs=1,
+                                  data_dtype=data_dtype, cache_dir=tmp_path / "cache", verbose=False)
+    expected = "bfloat16" if data_dtype == "bfloat16" or (data_dtype == "auto" and native) else "float32"
+    assert passes == [getattr(torch, expected)] and drafter.metrics["data_dtype"] == expected
+    # The features are cached under the dtype they were computed in; the target is as it was and
+    # the drafter float32, made from it.
+    assert [p.name.split("-")[1] for p in (tmp_path / "cache" / "medusa-features").iterdir()] == [expected]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert {p.dtype for p in model.parameters()} == {drafter.fc.weight.dtype} == {torch.float32}
+
+
+def test_a_data_dtype_that_is_not_a_floating_dtype_is_refused():
+    with pytest.raises(ValueError, match="data_dtype must be one of auto, float32, bfloat16, float16, got 'int8'"):
+        EagleTrainConfig(data_dtype="int8")
 
 
 def test_the_vocabulary_is_the_commonest_training_labels_then_the_lowest_others(tmp_path):
@@ -378,17 +409,18 @@ def test_cli_train_eagle_passes_its_flags(tmp_path, monkeypatch):
     data.write_text("text")
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--tokens", "5000",
               "--draft-vocab-size", "1000", "--data", str(data), "--epochs", "3", "--train-depth", "2", "--resume",
-              "--no-regenerate", "--no-mixed-precision"])
+              "--no-regenerate", "--no-mixed-precision", "--data-dtype", "float32"])
     assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
     assert calls["kwargs"] == dict(num_tokens=5000, draft_vocab_size=1000, data=[str(data)], epochs=3,
-                                   train_depth=2, regenerate=False, mixed_precision=False, resume=True)
+                                   train_depth=2, regenerate=False, mixed_precision=False, data_dtype="float32",
+                                   resume=True)
     assert calls["prepared"].kernel == "onednn"  # features over whole chunks: the fastest wide products
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", "o"])
     defaults = EagleTrainConfig()
     assert calls["kwargs"] == dict(num_tokens=defaults.num_tokens, draft_vocab_size=defaults.draft_vocab_size,
                                    data=None, epochs=defaults.epochs, train_depth=defaults.train_depth,
                                    regenerate=defaults.regenerate, mixed_precision=defaults.mixed_precision,
-                                   resume=False)
+                                   data_dtype=defaults.data_dtype, resume=False)
     assert defaults.regenerate  # the target's own text, unless --no-regenerate
 
     def no_models(*args):

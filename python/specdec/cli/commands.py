@@ -162,7 +162,7 @@ def cmd_train_eagle(args: argparse.Namespace) -> None:
     target, tokenizer = _training_target(args)
     train_eagle(target, tokenizer, args.out, num_tokens=args.tokens, draft_vocab_size=args.draft_vocab_size,
                 data=args.data, epochs=args.epochs, train_depth=args.train_depth, regenerate=args.regenerate,
-                mixed_precision=args.mixed_precision, resume=args.resume)
+                mixed_precision=args.mixed_precision, data_dtype=args.data_dtype, resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -278,12 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the heads score at most this many ids, the commonest of the training labels")
     t.set_defaults(func=cmd_train_medusa)
 
-    from specdec.training.eagle import EagleTrainConfig  # its defaults are the command's
+    from specdec.training.eagle import DATA_DTYPES, EagleTrainConfig  # its defaults are the command's
 
     eagle = EagleTrainConfig()
     e = _training_parser(sub, "train-eagle", "train an EAGLE drafter for a target on its own features and greedy "
                          "outputs", "the drafter (config.json, drafter.safetensors", eagle,
-                         "tokens of text run through the target (a forward over them, cached with train-medusa's)")
+                         "tokens of text run through the target (a forward over them, cached with train-medusa's "
+                         "when made in the same dtype)")
     e.add_argument("--draft-vocab-size", type=int, default=eagle.draft_vocab_size,
                    help="the drafter scores N token ids (the training labels' commonest, then the lowest others)")
     e.add_argument("--train-depth", type=int, default=eagle.train_depth,
@@ -292,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=eagle.mixed_precision,
                    help="the drafter's products in bfloat16 where the CPU has them (AVX512-BF16, AMX) or on CUDA; "
                         "weights and optimizer in float32")
+    e.add_argument("--data-dtype", choices=DATA_DTYPES, default=eagle.data_dtype,
+                   help="dtype of the target's passes over the data (auto: bfloat16 for a float32 target where "
+                        "the CPU has bfloat16 products, on a copy; else the target's own)")
     e.set_defaults(func=cmd_train_eagle)
 
     from specdec.cli.export_vllm import add_parser as add_export_vllm

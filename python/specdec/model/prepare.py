@@ -25,6 +25,7 @@ decoders that choose how many tokens to verify.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = [
     "UpcastLinear",
     "PackingConfig",
     "bf16_packable",
+    "copy_in_dtype",
     "VerificationConfig",
     "accelerate_verification",
     "dot_kernel_pays",
@@ -198,6 +200,43 @@ def is_prepared(model: nn.Module) -> bool:
         (False, True)
     """
     return any(isinstance(m, (PackedLinear, UpcastLinear, DotLinear)) for m in model.modules())
+
+
+def copy_in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """An unprepared copy of ``model`` with its parameters in ``dtype``: every prepared linear
+    layer back to a plain ``nn.Linear`` (a :class:`PackedLinear` unpacked), parameters converted
+    (tied ones stay tied, but for a packed head: it keeps no plain weight to share), buffers
+    copied as they are (rotary tables stay float32), frozen. The
+    model is not changed. For passes whose result may differ by rounding from the model's own,
+    e.g. a training's data in bfloat16 where the CPU multiplies it natively.
+
+    Example:
+        >>> model = pack_linear_layers(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+        >>> half = copy_in_dtype(model, torch.bfloat16)
+        >>> type(half[0]).__name__, half[0].weight.dtype, next(model.parameters()).dtype
+        ('Linear', torch.bfloat16, torch.float32)
+        >>> x = torch.randn(3, 8)
+        >>> torch.allclose(half(x.bfloat16()).float(), model(x), atol=0.1)
+        True
+    """
+    memo: dict[int, object] = {}
+
+    def converted(p: Tensor) -> nn.Parameter:
+        if id(p) not in memo:
+            memo[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=False)
+        return memo[id(p)]  # type: ignore[return-value]
+
+    for m in model.modules():
+        if isinstance(m, (PackedLinear, DotLinear, UpcastLinear)):
+            plain = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
+            plain.weight = converted(m.weight) if m.weight is not None else nn.Parameter(
+                dense_weight(m).to(dtype), requires_grad=False)
+            if m.bias is not None:
+                plain.bias = converted(m.bias)
+            memo[id(m)] = plain  # deepcopy takes it for the prepared layer (never copying its packed weight)
+    for p in model.parameters():
+        converted(p)
+    return copy.deepcopy(model, memo)
 
 
 def _kernel(config: PackingConfig) -> str:

@@ -2,8 +2,8 @@
 self-distillation, sized for a CPU.
 
 Data: the chunks and cached features Medusa's training uses (:mod:`specdec.training.corpus`,
-:mod:`specdec.training.features`; the same cache, so a target whose Medusa features are cached
-costs no forward): per position t of a chunk of tokens ``x``, the target's final hidden state
+:mod:`specdec.training.features`; the same cache, keyed by the dtype the passes ran in, so data
+made once serves both): per position t of a chunk of tokens ``x``, the target's final hidden state
 ``f_t`` (after the final norm) and its greedy token ``g_t = labels[t]`` for position t + 1
 (-1: not learned, the prompt of a chat-wrapped chunk).
 
@@ -30,6 +30,13 @@ the draft started at s reads the feature its depth-(d-1) entry predicted and the
 ``depth_decay ** (d - 1)``; depth 1 is the teacher-forced entry t = s. Each depth costs about
 one more epoch's time.
 
+The target's passes over the data (its continuations and its features) run in ``data_dtype``:
+by default bfloat16 where the target is float32 on a device that multiplies bfloat16 natively
+(CUDA; a CPU with AVX512-BF16 or AMX), on a copy (:func:`specdec.model.prepare.copy_in_dtype`)
+dropped once the data is made: several times cheaper passes, and features that differ from the
+float32 target's by rounding, which the drafter does not notice (docs/benchmarks.md has the
+measurement). The drafter itself is made from, and drafts for, the target as given.
+
 Only positions whose label is learned count. A batch is a few whole chunks, right-padded: a
 draft's entries see positions up to its start only, so padding never reaches a real position,
 and it is left out of the losses. Every ``heldout_every``-th chunk is held out: its accuracy is
@@ -52,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdec.model.prepare import bf16_packable
+from specdec.model.prepare import PackingConfig, bf16_packable, copy_in_dtype, pack_linear_layers
 from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.proposers.vocab import head_rows
 from specdec.training.corpus import DataFiles
@@ -61,7 +68,10 @@ from specdec.training.features import Features, commonest_ids
 from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings, fit,
                                    training_data, write_results)
 
-__all__ = ["EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle", "vocabulary"]
+__all__ = ["DATA_DTYPES", "EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle", "vocabulary"]
+
+
+DATA_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,10 @@ class EagleTrainConfig:
     ``mixed_precision``: the drafter's products in bfloat16 (``torch.autocast``; its weights and
     the optimizer in float32) where the device multiplies bfloat16 natively (CUDA; CPUs with
     AVX512-BF16 or AMX, :func:`specdec.model.prepare.bf16_packable`), float32 elsewhere: steps
-    several times faster at the same accuracy (docs/benchmarks.md).
+    several times faster at the same accuracy (docs/benchmarks.md). ``data_dtype``: the dtype of
+    the target's passes over the data, ``"auto"`` (bfloat16 for a float32 target where the device
+    multiplies bfloat16 natively, else the target's own) or a dtype's name (the module's
+    docstring).
     """
 
     num_tokens: int = 40_000
@@ -100,6 +113,7 @@ class EagleTrainConfig:
     depth_decay: float = 0.8
     regenerate: bool = True
     mixed_precision: bool = True
+    data_dtype: str = "auto"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -109,6 +123,8 @@ class EagleTrainConfig:
             raise ValueError(f"train_eagle: lr must be > 0, got {self.lr}")
         if not 0 < self.depth_decay <= 1:
             raise ValueError(f"train_eagle: depth_decay must be in (0, 1], got {self.depth_decay}")
+        if self.data_dtype not in DATA_DTYPES:
+            raise ValueError(f"train_eagle: data_dtype must be one of {', '.join(DATA_DTYPES)}, got {self.data_dtype!r}")
 
 
 def train_eagle(
@@ -126,6 +142,7 @@ def train_eagle(
     chunk_tokens: int = 256,
     regenerate: bool = True,
     mixed_precision: bool = True,
+    data_dtype: str = "auto",
     resume: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     verbose: bool = True,
@@ -143,7 +160,9 @@ def train_eagle(
     own features, and the per-rank table ``[depth, ranks]``, as Medusa's per head; also in
     ``config.json`` and on the returned drafter), and ``out_dir/checkpoint/`` after every
     epoch; ``resume=True`` continues from there with the same settings. ``mixed_precision``:
-    bfloat16 products where the device has them (:class:`EagleTrainConfig`). ``batch_size`` counts
+    bfloat16 products where the device has them; ``data_dtype``: the dtype of the target's passes
+    over the data, by default bfloat16 where the device has those products (both:
+    :class:`EagleTrainConfig`). ``batch_size`` counts
     whole chunks (of ``chunk_tokens``). ``train_depth``: depths 2 .. train_depth are trained
     drafting from the drafter's own features, as decoding drafts (the module's docstring). The
     target is not changed (its parameters are frozen while the drafter trains, then as they
@@ -186,11 +205,15 @@ def train_eagle(
     """
     cfg = EagleTrainConfig(num_tokens=num_tokens, draft_vocab_size=draft_vocab_size, chunk_tokens=chunk_tokens,
                            epochs=epochs, train_depth=train_depth, batch_size=batch_size, lr=lr,
-                           regenerate=regenerate, mixed_precision=mixed_precision, seed=seed)
+                           regenerate=regenerate, mixed_precision=mixed_precision, data_dtype=data_dtype,
+                           seed=seed)
     out = Path(out_dir)
     say = Reporter(verbose, "eagle")
     started = time.perf_counter()
-    chunks, source, features, seconds = training_data(model, tokenizer, data, cfg, cache_dir, say)
+    passes = _data_model(model, cfg.data_dtype, say)
+    data_dtype = str(next(passes.parameters()).dtype).removeprefix("torch.")
+    chunks, source, features, seconds = training_data(passes, tokenizer, data, cfg, cache_dir, say)
+    del passes  # a copy's memory goes back before training
     ids = torch.tensor([i for chunk in chunks for i in chunk.ids])
     entries = [features.labels[_entries(features, c)] for c in range(len(chunks))]  # their targets' labels
     train = torch.tensor([c for c, e in enumerate(entries) if not features.heldout[c] and (e >= 0).any()],
@@ -226,6 +249,7 @@ def train_eagle(
         "tokens": int(features.offsets[-1]),
         "draft_vocab_size": V,
         "data": source,
+        "data_dtype": data_dtype,
         **seconds,
         "train_seconds": train_s,
         "eval_seconds": time.perf_counter() - eval_start,
@@ -264,10 +288,25 @@ def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor,
                autocast=torch.bfloat16 if cfg.mixed_precision and _native_bf16(drafter) else None)
 
 
-def _native_bf16(drafter: EagleDrafter) -> bool:
-    """Whether the drafter's device multiplies bfloat16 natively (CUDA; a CPU with AVX512-BF16
+def _native_bf16(module: nn.Module) -> bool:
+    """Whether the module's device multiplies bfloat16 natively (CUDA; a CPU with AVX512-BF16
     or AMX)."""
-    return drafter.fc.weight.device.type == "cuda" or bf16_packable()
+    return next(module.parameters()).device.type == "cuda" or bf16_packable()
+
+
+def _data_model(model: nn.Module, data_dtype: str, say: Reporter) -> nn.Module:
+    """The model the data's passes run on: ``model`` itself in its own dtype, else a copy in
+    ``data_dtype`` ("auto": bfloat16 for a float32 model where :func:`_native_bf16`), prepared
+    for wide passes on a CPU (oneDNN's packed products)."""
+    own = next(model.parameters()).dtype
+    if data_dtype == "auto":
+        dtype = torch.bfloat16 if own == torch.float32 and _native_bf16(model) else own
+    else:
+        dtype = getattr(torch, data_dtype)
+    if dtype == own:
+        return model
+    say(f"[eagle] the data's passes run on a {str(dtype).removeprefix('torch.')} copy of the target")
+    return pack_linear_layers(copy_in_dtype(model, dtype), PackingConfig(kernel="onednn"))
 
 
 def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor, hidden: Tensor,
