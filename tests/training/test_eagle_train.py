@@ -212,7 +212,7 @@ def test_training_on_a_repetitive_text_drafts_far_above_chance(tmp_path, capsys)
     out = tmp_path / "drafter"
     drafter = specdec.train_eagle(model, CharTokenizer(), out, num_tokens=3000, draft_vocab_size=96,
                                   regenerate=False, data=repeating_text(tmp_path), chunk_tokens=128, epochs=8, lr=3e-3,
-                                  data_dtype="float32", cache_dir=tmp_path / "cache")  # the target's features, read below
+                                  data_dtype="float32", cache_dir=tmp_path / "cache")  # the features read below
     m = drafter.metrics
     assert m["heldout_positions"] > 200 and m["heldout_in_vocab"] == 1.0
     assert m["top1"][0] > 0.9 and min(m["top1"][:4]) > 0.7 and m["top1"][4] > 0.4  # chance: 1/96

@@ -124,7 +124,8 @@ class EagleTrainConfig:
         if not 0 < self.depth_decay <= 1:
             raise ValueError(f"train_eagle: depth_decay must be in (0, 1], got {self.depth_decay}")
         if self.data_dtype not in DATA_DTYPES:
-            raise ValueError(f"train_eagle: data_dtype must be one of {', '.join(DATA_DTYPES)}, got {self.data_dtype!r}")
+            raise ValueError(f"train_eagle: data_dtype must be one of {', '.join(DATA_DTYPES)}, "
+                             f"got {self.data_dtype!r}")
 
 
 def train_eagle(
