@@ -206,9 +206,9 @@ def copy_in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """An unprepared copy of ``model`` with its parameters in ``dtype``: every prepared linear
     layer back to a plain ``nn.Linear`` (a :class:`PackedLinear` unpacked), parameters converted
     (tied ones stay tied, but for a packed head: it keeps no plain weight to share), buffers
-    copied as they are (rotary tables stay float32), frozen. The
-    model is not changed. For passes whose result may differ by rounding from the model's own,
-    e.g. a training's data in bfloat16 where the CPU multiplies it natively.
+    copied as they are (rotary tables stay float32), frozen. The model is not changed. For
+    passes whose result may differ by rounding from the model's own, e.g. a training's data in
+    bfloat16 where the CPU multiplies it natively.
 
     Example:
         >>> model = pack_linear_layers(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
