@@ -260,7 +260,7 @@ def test_mixed_precision_computes_the_losses_in_bfloat16_where_the_device_has_it
         return depth_losses(*args)
 
     monkeypatch.setattr(eagle_train, "depth_losses", recording)
-    monkeypatch.setattr(eagle_train, "bf16_packable", lambda: native)
+    monkeypatch.setattr(training_loop, "bf16_packable", lambda: native)
     model = tiny_lm(seed=0, init=0.02)
     drafter = specdec.train_eagle(model, CharTokenizer(), tmp_path / "d", num_tokens=600, draft_vocab_size=96,
                                   regenerate=False, data=repeating_text(tmp_path), chunk_tokens=128, epochs=1,
@@ -280,7 +280,7 @@ def test_the_data_runs_on_a_bfloat16_copy_of_a_float32_target_where_the_device_m
         return training_loop.training_data(model, *args)
 
     monkeypatch.setattr(eagle_train, "training_data", recording)
-    monkeypatch.setattr(eagle_train, "bf16_packable", lambda: native)
+    monkeypatch.setattr(training_loop, "bf16_packable", lambda: native)
     model = tiny_lm(seed=0, init=0.02)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     drafter = specdec.train_eagle(model, CharTokenizer(), tmp_path / "d", num_tokens=600, draft_vocab_size=96,

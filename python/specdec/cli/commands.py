@@ -278,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the heads score at most this many ids, the commonest of the training labels")
     t.set_defaults(func=cmd_train_medusa)
 
-    from specdec.training.eagle import DATA_DTYPES, EagleTrainConfig  # its defaults are the command's
+    from specdec.training.eagle import EagleTrainConfig  # its defaults are the command's
+    from specdec.training.loop import DATA_DTYPES
 
     eagle = EagleTrainConfig()
     e = _training_parser(sub, "train-eagle", "train an EAGLE drafter for a target on its own features and greedy "

@@ -32,7 +32,7 @@ one more epoch's time.
 
 The target's passes over the data (its continuations and its features) run in ``data_dtype``:
 by default bfloat16 where the target is float32 on a device that multiplies bfloat16 natively
-(CUDA; a CPU with AVX512-BF16 or AMX), on a copy (:func:`specdec.model.prepare.copy_in_dtype`)
+(CUDA; a CPU with AVX512-BF16 or AMX), on a copy (:func:`specdec.training.loop.data_passes_model`)
 dropped once the data is made: several times cheaper passes, and features that differ from the
 float32 target's by rounding, which the drafter does not notice (docs/benchmarks.md has the
 measurement). The drafter itself is made from, and drafts for, the target as given.
@@ -59,19 +59,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdec.model.prepare import PackingConfig, bf16_packable, copy_in_dtype, pack_linear_layers
 from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.proposers.vocab import head_rows
 from specdec.training.corpus import DataFiles
 from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.features import Features, commonest_ids
-from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings, fit,
-                                   training_data, write_results)
+from specdec.training.loop import (CHECKPOINT, DATA_DTYPES, Checkpoint, Reporter, accuracy_report, cached,
+                                   check_settings, data_passes_model, fit, native_bf16, training_data, write_results)
 
-__all__ = ["DATA_DTYPES", "EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle", "vocabulary"]
-
-
-DATA_DTYPES = ("auto", "float32", "bfloat16", "float16")
+__all__ = ["EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle", "vocabulary"]
 
 
 @dataclass(frozen=True)
@@ -211,7 +207,7 @@ def train_eagle(
     out = Path(out_dir)
     say = Reporter(verbose, "eagle")
     started = time.perf_counter()
-    passes = _data_model(model, cfg.data_dtype, say)
+    passes = data_passes_model(model, cfg.data_dtype, say)
     data_dtype = str(next(passes.parameters()).dtype).removeprefix("torch.")
     chunks, source, features, seconds = training_data(passes, tokenizer, data, cfg, cache_dir, say)
     del passes  # a copy's memory goes back before training
@@ -286,28 +282,7 @@ def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor,
     return fit(drafter, chunks, batch_loss, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                seed=cfg.seed, checkpoint=Checkpoint(checkpoint, state, restore), resume=resume, say=say,
                desc="drafter", grad_clip=cfg.grad_clip, after_epoch=after_epoch,
-               autocast=torch.bfloat16 if cfg.mixed_precision and _native_bf16(drafter) else None)
-
-
-def _native_bf16(module: nn.Module) -> bool:
-    """Whether the module's device multiplies bfloat16 natively (CUDA; a CPU with AVX512-BF16
-    or AMX)."""
-    return next(module.parameters()).device.type == "cuda" or bf16_packable()
-
-
-def _data_model(model: nn.Module, data_dtype: str, say: Reporter) -> nn.Module:
-    """The model the data's passes run on: ``model`` itself in its own dtype, else a copy in
-    ``data_dtype`` ("auto": bfloat16 for a float32 model where :func:`_native_bf16`), prepared
-    for wide passes on a CPU (oneDNN's packed products)."""
-    own = next(model.parameters()).dtype
-    if data_dtype == "auto":
-        dtype = torch.bfloat16 if own == torch.float32 and _native_bf16(model) else own
-    else:
-        dtype = getattr(torch, data_dtype)
-    if dtype == own:
-        return model
-    say(f"[eagle] the data's passes run on a {str(dtype).removeprefix('torch.')} copy of the target")
-    return pack_linear_layers(copy_in_dtype(model, dtype), PackingConfig(kernel="onednn"))
+               autocast=torch.bfloat16 if cfg.mixed_precision and native_bf16(drafter) else None)
 
 
 def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor, hidden: Tensor,

@@ -24,15 +24,17 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
+from specdec.model.prepare import PackingConfig, bf16_packable, copy_in_dtype, pack_linear_layers
 from specdec.models import cache_dir as default_cache_dir
 from specdec.training.corpus import MIN_CHUNK_TOKENS, Chunk, DataFiles, build_chunks
 from specdec.training.features import Features, extract_features
 from specdec.training.regenerate import regenerate
 
-__all__ = ["CHECKPOINT", "Checkpoint", "Reporter", "accuracy_report", "cached", "check_settings", "cosine_lr",
-           "fit", "save_checkpoint", "training_data", "write_results"]
+__all__ = ["CHECKPOINT", "DATA_DTYPES", "Checkpoint", "Reporter", "accuracy_report", "cached", "check_settings",
+           "cosine_lr", "data_passes_model", "fit", "native_bf16", "save_checkpoint", "training_data", "write_results"]
 
 CHECKPOINT = "checkpoint"  # the folder under a training's out_dir
+DATA_DTYPES = ("auto", "float32", "bfloat16", "float16")  # what data_passes_model takes
 
 T = TypeVar("T")
 
@@ -83,6 +85,28 @@ def training_data(model: nn.Module, tokenizer: Any, data: DataFiles, settings: A
     features, seconds["feature_seconds"] = extract_features(model, chunks, settings.heldout_every, cache_root,
                                                            say.verbose)
     return chunks, source, features, seconds
+
+
+def native_bf16(module: nn.Module) -> bool:
+    """Whether the module's device multiplies bfloat16 natively (CUDA; a CPU with AVX512-BF16
+    or AMX)."""
+    return next(module.parameters()).device.type == "cuda" or bf16_packable()
+
+
+def data_passes_model(model: nn.Module, data_dtype: str, say: Reporter) -> nn.Module:
+    """The model a training's passes over its data run on: ``model`` itself in its own dtype,
+    else a copy in ``data_dtype`` (one of ``DATA_DTYPES``; "auto": bfloat16 for a float32 model
+    where :func:`native_bf16`, else its own), prepared for wide passes on a CPU (oneDNN's packed
+    products; :func:`specdec.model.prepare.copy_in_dtype` leaves ``model`` as it is)."""
+    own = next(model.parameters()).dtype
+    if data_dtype == "auto":
+        dtype = torch.bfloat16 if own == torch.float32 and native_bf16(model) else own
+    else:
+        dtype = getattr(torch, data_dtype)
+    if dtype == own:
+        return model
+    say(f"[{say.name}] the data's passes run on a {str(dtype).removeprefix('torch.')} copy of the target")
+    return pack_linear_layers(copy_in_dtype(model, dtype), PackingConfig(kernel="onednn"))
 
 
 def write_results(module: nn.Module, out: Path) -> None:
