@@ -117,11 +117,6 @@ def test_unsupported_architectures_and_missing_files_are_refused(tmp_path):
     (saved / "drafter.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no drafter.safetensors in"):
         export_eagle(saved, tmp_path / "o")
-    fused = EagleDrafter.for_target(tiny_lm("llama", seed=7), feature_layers=(0,))
-    for given in (fused, fused.save(tmp_path / "fused")):  # the module and its directory
-        with pytest.raises(ValueError, match=r"fuses the target's layers \[0\].*without feature layers"):
-            export_eagle(given, tmp_path / "o")
-    assert not (tmp_path / "o").exists()
 
 
 def test_the_command_writes_what_export_eagle_writes(tmp_path, capsys):

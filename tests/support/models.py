@@ -50,16 +50,14 @@ def cyclic_lm(family: str = "llama", seed: int = 5) -> torch.nn.Module:
 
 
 def random_drafter(target: torch.nn.Module, draft_vocab_size: int | None = None, seed: int = 0,
-                   scale: float = 0.2, vocab_ids: torch.Tensor | None = None, feature_layers: tuple[int, ...] = ()):
+                   scale: float = 0.2, vocab_ids: torch.Tensor | None = None):
     """An untrained EAGLE drafter for ``target`` (its last layer, ``fc`` adding the token's
     embedding to the feature), with seeded noise on its weights (the output projections a
-    fresh drafter zeroes get some too, and a fused drafter's ``fuse`` reads its layers):
-    partly right proposals. It scores ``vocab_ids``, or the lowest ``draft_vocab_size`` ids
-    (default: all); ``feature_layers``: the target's layers a fused drafter reads."""
+    fresh drafter zeroes get some too): partly right proposals. It scores ``vocab_ids``, or the
+    lowest ``draft_vocab_size`` ids (default: all)."""
     from specdec import EagleDrafter
 
-    drafter = EagleDrafter.for_target(target, draft_vocab_size or target.config.vocab_size, vocab_ids=vocab_ids,
-                                      feature_layers=feature_layers)
+    drafter = EagleDrafter.for_target(target, draft_vocab_size or target.config.vocab_size, vocab_ids=vocab_ids)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in drafter.parameters():

@@ -1,6 +1,5 @@
 """train_eagle: the held-out rollout's alignment, the training's losses per depth on the same
-rollout, learning, resuming, fused drafters (the layers' outputs cached and read), files, the
-CLI."""
+rollout, learning, resuming, files, the CLI."""
 
 import doctest
 import json
@@ -21,7 +20,6 @@ from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.training.eagle import EagleTrainConfig, depth_losses, vocabulary
 from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.corpus import build_chunks
-from specdec.model.layer_outputs import layer_outputs
 from specdec.training.features import Features, commonest_ids, extract_features
 
 
@@ -359,46 +357,6 @@ def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_
     assert resumed.metrics["top1"] == whole.metrics["top1"]
 
 
-def test_a_fused_drafter_trains_on_the_layers_outputs_cached_with_the_features(tmp_path):
-    model = tiny_lm(seed=1, layers=3)
-    settings = dict(num_tokens=1500, draft_vocab_size=90, regenerate=False, data=repeating_text(tmp_path),
-                    chunk_tokens=100, epochs=2, train_depth=2, batch_size=2, lr=3e-3, cache_dir=tmp_path / "cache",
-                    data_dtype="float32", verbose=False)  # the passes on the model itself: its cache key
-    drafter = specdec.train_eagle(model, CharTokenizer(), tmp_path / "fused", feature_layers=(0, 1), **settings)
-    assert drafter.config.feature_layers == (0, 1) and list(drafter.metrics["config"]["feature_layers"]) == [0, 1]
-    H = 64
-    assert drafter.fuse.weight[:, :2 * H].abs().sum() > 0  # it learnt to read the layers (made 0)
-    # The cache holds the layers' outputs beside the final hidden states (a file of its own).
-    chunks, _ = build_chunks(CharTokenizer(), settings["data"], num_tokens=1500, chunk_tokens=100)
-    features, seconds = extract_features(model, chunks, 10, tmp_path / "cache", verbose=False, layers=(0, 1))
-    assert seconds is None and features.layers.shape == (len(features.labels), 2 * H)
-    with torch.no_grad(), layer_outputs(model, (0, 1)) as taps:
-        model.model(torch.tensor([chunks[3].ids]))
-    span = slice(int(features.offsets[3]), int(features.offsets[4]))
-    torch.testing.assert_close(features.layers[span].float(), torch.cat(taps, -1)[0].half().float())
-    assert features.wide(span).shape == (span.stop - span.start, 3 * H)
-    plain, _ = extract_features(model, chunks, 10, tmp_path / "cache", verbose=False)
-    assert plain.layers is None and torch.equal(plain.hidden, features.hidden)
-    again = EagleDrafter.load(tmp_path / "fused")
-    x, wide = torch.randint(3, 96, (1, 5)), features.wide(span)[None, :5].float()
-    with torch.no_grad():
-        torch.testing.assert_close(again.attach(model)(x, wide), drafter(x, wide))
-
-
-def test_a_fresh_fused_drafters_losses_are_the_unfused_ones():
-    # The feature targets are the final hidden states (the last H columns of the wide input).
-    target = tiny_lm(seed=5, layers=3)
-    x = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), layer_outputs(target, (0, 2)) as taps:
-        f = target.model(x).last_hidden_state
-    labels = target.lm_head(f).argmax(-1)
-    plain, fused = EagleDrafter.for_target(target), EagleDrafter.for_target(target, feature_layers=(0, 2))
-    with torch.no_grad():
-        want = depth_losses(plain, plain.logits, x, f, labels, depth=3)
-        got = depth_losses(fused, fused.logits, x, torch.cat([*taps, f], -1), labels, depth=3)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-
-
 def test_missing_files_and_bad_settings(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a directory"):
         EagleDrafter.load(tmp_path / "nothing")
@@ -419,8 +377,6 @@ def test_missing_files_and_bad_settings(tmp_path):
             EagleTrainConfig(depth_decay=decay)
     with pytest.raises(ValueError, match="chunk_tokens must be >= 32"):
         specdec.train_eagle(model, CharTokenizer(), tmp_path / "o", chunk_tokens=8)
-    with pytest.raises(ValueError, match=r"train_eagle: feature layers .* within 0..1 for this model, got \[2\]"):
-        specdec.train_eagle(model, CharTokenizer(), tmp_path / "o", feature_layers=[2])
 
 
 def test_cached_eagle_trains_once_then_loads(tmp_path, monkeypatch):
@@ -453,19 +409,18 @@ def test_cli_train_eagle_passes_its_flags(tmp_path, monkeypatch):
     data.write_text("text")
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--tokens", "5000",
               "--draft-vocab-size", "1000", "--data", str(data), "--epochs", "3", "--train-depth", "2", "--resume",
-              "--no-regenerate", "--no-mixed-precision", "--data-dtype", "float32", "--feature-layers", "2", "14"])
+              "--no-regenerate", "--no-mixed-precision", "--data-dtype", "float32"])
     assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
     assert calls["kwargs"] == dict(num_tokens=5000, draft_vocab_size=1000, data=[str(data)], epochs=3,
                                    train_depth=2, regenerate=False, mixed_precision=False, data_dtype="float32",
-                                   feature_layers=[2, 14], resume=True)
+                                   resume=True)
     assert calls["prepared"].kernel == "onednn"  # features over whole chunks: the fastest wide products
     cli.main(["train-eagle", "--model", "smollm2-135m", "--out", "o"])
     defaults = EagleTrainConfig()
     assert calls["kwargs"] == dict(num_tokens=defaults.num_tokens, draft_vocab_size=defaults.draft_vocab_size,
                                    data=None, epochs=defaults.epochs, train_depth=defaults.train_depth,
                                    regenerate=defaults.regenerate, mixed_precision=defaults.mixed_precision,
-                                   data_dtype=defaults.data_dtype, feature_layers=list(defaults.feature_layers),
-                                   resume=False)
+                                   data_dtype=defaults.data_dtype, resume=False)
     assert defaults.regenerate  # the target's own text, unless --no-regenerate
 
     def no_models(*args):

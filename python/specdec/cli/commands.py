@@ -162,8 +162,7 @@ def cmd_train_eagle(args: argparse.Namespace) -> None:
     target, tokenizer = _training_target(args)
     train_eagle(target, tokenizer, args.out, num_tokens=args.tokens, draft_vocab_size=args.draft_vocab_size,
                 data=args.data, epochs=args.epochs, train_depth=args.train_depth, regenerate=args.regenerate,
-                mixed_precision=args.mixed_precision, data_dtype=args.data_dtype,
-                feature_layers=args.feature_layers, resume=args.resume)
+                mixed_precision=args.mixed_precision, data_dtype=args.data_dtype, resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -298,9 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data-dtype", choices=DATA_DTYPES, default=eagle.data_dtype,
                    help="dtype of the target's passes over the data (auto: bfloat16 for a float32 target where "
                         "the CPU has bfloat16 products, on a copy; else the target's own)")
-    e.add_argument("--feature-layers", type=int, nargs="*", default=list(eagle.feature_layers), metavar="LAYER",
-                   help="decoder layers of the target whose outputs the drafter fuses with its final hidden "
-                        "states (EAGLE-3's low and mid features, e.g. 2 and half the layers; none: EAGLE-1)")
     e.set_defaults(func=cmd_train_eagle)
 
     from specdec.cli.export_vllm import add_parser as add_export_vllm

@@ -233,13 +233,6 @@ class Method:
         return False
 
     @property
-    def hidden_layers(self) -> tuple[int, ...]:
-        """Decoder layers of the target whose outputs come with its final hidden states, side
-        by side before them (``[..., (k + 1) H]`` in every hidden state the proposer gets): a
-        fused EAGLE drafter's. Empty (default): the final hidden states alone."""
-        return ()
-
-    @property
     def needs_prompt_hidden_states(self) -> bool:
         """Whether ``start`` gets the target's final hidden states at every prompt token
         (``StepResult.prompt_hidden``). Rows joining a running batch then compute their

@@ -54,12 +54,8 @@ class Run:
     stats: GenerateStats = dataclasses.field(default_factory=GenerateStats)
 
     @property
-    def hidden_wanted(self) -> bool | tuple[int, ...]:
-        """What the target's passes return of its hidden states (`forward_pass`'s ``return_hidden``)."""
-        method = self.method
-        if method is None or not (method.needs_hidden_states or method.needs_prompt_hidden_states):
-            return False
-        return method.hidden_layers or True
+    def hidden_wanted(self) -> bool:
+        return self.method is not None and (self.method.needs_hidden_states or self.method.needs_prompt_hidden_states)
 
     @property
     def capacity(self) -> int:

@@ -15,7 +15,6 @@ from transformers import PreTrainedModel
 from specdec import ops
 from specdec.model.attention import ATTN_IMPLEMENTATION
 from specdec.model.cache import SpecCache
-from specdec.model.layer_outputs import layer_outputs
 
 
 @functools.cache
@@ -54,8 +53,7 @@ SDPA_MIN_CHAIN = 16
 
 class PassOutput(NamedTuple):
     """What one pass computed: ``logits [B, T, V]`` and, when asked for, the decoder's final
-    hidden states ``hidden [B, T, H]`` (after the final norm: the LM head's input), after the
-    outputs of the decoder layers asked for when some were (``[B, T, (k + 1) H]``)."""
+    hidden states ``hidden [B, T, H]`` (after the final norm: the LM head's input)."""
 
     logits: Tensor
     hidden: Tensor | None
@@ -82,7 +80,7 @@ def forward_pass(
     *,
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
-    return_hidden: bool | tuple[int, ...] = False,
+    return_hidden: bool = False,
     pending: int = 0,
     widths: Tensor | None = None,
     inputs_embeds: Tensor | None = None,
@@ -110,9 +108,7 @@ def forward_pass(
             mask ``parents`` would give; needs ``position_ids`` or ``parents``.
         position_ids: ``[B, T]`` absolute positions of the nodes (default: from ``parents``).
         return_hidden: also compute the decoder's final hidden states (after the final norm,
-            the LM head's input) ``[B, T, H]`` (``[B, K, H]`` with ``keep``), from this pass;
-            a tuple of decoder layer indices: those layers' outputs, then the final hidden
-            states, side by side ``[B, T, (k + 1) H]`` (a fused EAGLE drafter's input).
+            the LM head's input) ``[B, T, H]`` (``[B, K, H]`` with ``keep``), from this pass.
         pending: nodes of the same tree that earlier calls wrote after each row's committed
             entries (``cache.lengths[b] ..``) and that stay uncommitted: a tree computed level
             by level. The T new nodes are then written after them, and ``attention_mask``
@@ -240,7 +236,7 @@ def _packing(widths: Tensor, B: int, T: int) -> tuple[Tensor | None, list[tuple[
 
 
 def _packed_forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, index: Tensor | None,
-                    head: Callable[[Tensor], Tensor] | None, return_hidden: bool | tuple[int, ...],
+                    head: Callable[[Tensor], Tensor] | None, return_hidden: bool,
                     keep: Tensor | None, B: int, T: int, all_hidden: bool = False) -> PassOutput:
     """`_forward`, over the nodes ``index`` (of the flattened [B, T]) packed into one sequence
     when given; the outputs unpacked to [B, T, ...] with zeros at the nodes not computed."""
@@ -256,21 +252,13 @@ def _packed_forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, inde
 
 
 def _forward(model: PreTrainedModel, cache: SpecCache, inputs: dict, keep: Tensor | None,
-             head: Callable[[Tensor], Tensor] | None, return_hidden: bool | tuple[int, ...],
-             all_hidden: bool = False) -> PassOutput:
+             head: Callable[[Tensor], Tensor] | None, return_hidden: bool, all_hidden: bool = False) -> PassOutput:
     if head is not None or return_hidden:
         decoder = model.get_decoder()
-        layers = return_hidden if isinstance(return_hidden, tuple) else ()
-        with layer_outputs(model, layers) as taps:
-            every = decoder(**inputs, **{_cache_kwarg(decoder): cache}).last_hidden_state
+        every = decoder(**inputs, **{_cache_kwarg(decoder): cache}).last_hidden_state
         hidden = every if keep is None else every[:, keep]
         logits = (head or model.get_output_embeddings())(hidden)
-        if not return_hidden:
-            return PassOutput(logits, None)
-        if layers:
-            every = torch.cat([*taps, every], -1)
-            hidden = every if keep is None else every[:, keep]
-        return PassOutput(logits, every if all_hidden else hidden)
+        return PassOutput(logits, (every if all_hidden else hidden) if return_hidden else None)
     kwargs = {_cache_kwarg(model): cache}
     head_subset = keep is not None and "logits_to_keep" in _forward_parameters(type(model))
     if head_subset:

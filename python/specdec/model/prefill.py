@@ -30,7 +30,7 @@ def prefill_pass(
     tokens: Tensor,
     lengths: Tensor | None = None,
     head: Callable[[Tensor], Tensor] | None = None,
-    return_hidden: bool | tuple[int, ...] = False,
+    return_hidden: bool = False,
     shared: Sequence[SharedPrefix] = (),
     pass_tokens: int = 0,
     cached: Tensor | None = None,
@@ -39,8 +39,7 @@ def prefill_pass(
 ) -> PassOutput:
     """Runs right-padded prompts ``tokens[b, :lengths[b]]`` after each row's cached prefix and
     commits them; returns ``PassOutput``: the logits after every prompt's last token, ``[B, V]``
-    (and with ``return_hidden`` the final hidden state there, ``[B, H]``, after the layers' outputs
-    asked for: ``[B, (k + 1) H]``).
+    (and with ``return_hidden`` the final hidden state there, ``[B, H]``).
 
     Args:
         model, cache, head, return_hidden: as in :func:`tree_forward`.
@@ -100,7 +99,7 @@ def prefill_pass(
         one = SpecCache(model.config, 1, n, cache.layers[0].keys.dtype, cache.lengths.device)
         first = tokens[group.rows[0], :n][None]
         out = forward_pass(model, one, first, keep=torch.tensor([n - 1], device=tokens.device), head=head,
-                           return_hidden=return_hidden if all_hidden else False, all_hidden=all_hidden)
+                           return_hidden=all_hidden, all_hidden=all_hidden)
         prefix_hidden.append(out.hidden)
         one.advance(torch.tensor([n]))
         cache.copy_row(one, torch.tensor(group.rows, device=cache.lengths.device))
@@ -125,8 +124,7 @@ def prefill_pass(
 
 
 def _prefill_rests(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor,
-                   head: Callable[[Tensor], Tensor] | None, return_hidden: bool | tuple[int, ...],
-                   inputs_embeds: Tensor | None,
+                   head: Callable[[Tensor], Tensor] | None, return_hidden: bool, inputs_embeds: Tensor | None,
                    all_hidden: bool, pass_tokens: int) -> PassOutput:
     """`_prefill_rows` in one pass, or in passes over rows of similar lengths (``pass_tokens``)."""
     N = tokens.shape[1]
@@ -153,7 +151,7 @@ def _prefill_rests(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, len
 @torch.no_grad()
 def prefill_from(model: PreTrainedModel, cache: SpecCache, source: SpecCache, donor: Tensor, reused: Tensor,
                  tokens: Tensor, lengths: Tensor, head: Callable[[Tensor], Tensor] | None = None,
-                 return_hidden: bool | tuple[int, ...] = False) -> PassOutput:
+                 return_hidden: bool = False) -> PassOutput:
     """`prefill_pass` of right-padded prompts ``tokens [k, N]`` (``lengths``) into the empty ``cache``,
     the first ``reused[j]`` entries of row j copied from row ``donor[j]`` of ``source`` (-1: none;
     `prefix_donors` finds them) and only the rest computed, in passes grouped by length.
@@ -191,8 +189,7 @@ def prefill_from(model: PreTrainedModel, cache: SpecCache, source: SpecCache, do
 
 
 def _prefill_rows(model: PreTrainedModel, cache: SpecCache, tokens: Tensor, lengths: Tensor,
-                  head: Callable[[Tensor], Tensor] | None, return_hidden: bool | tuple[int, ...],
-                  inputs_embeds: Tensor | None = None,
+                  head: Callable[[Tensor], Tensor] | None, return_hidden: bool, inputs_embeds: Tensor | None = None,
                   all_hidden: bool = False) -> PassOutput:
     """One pass over right-padded ``tokens [B, N]`` (``lengths [B]``), committed; the logits
     (and hidden states) after each row's last token (every token's hidden states with

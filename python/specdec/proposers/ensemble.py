@@ -98,11 +98,6 @@ class Ensemble(Method):
                 if len(values) > 1:
                     raise ValueError(f"Ensemble(mix='average'): the drafts draft one chain together, so "
                                      f"their {name} must agree, got {sorted(values, key=str)}")
-        readers = {m.hidden_layers for m in members if m.needs_hidden_states or m.needs_prompt_hidden_states}
-        if len(readers) > 1:
-            raise ValueError(f"Ensemble: the members read different layers of the target "
-                             f"({' and '.join(str(list(r)) for r in sorted(readers))}: a fused EAGLE drafter's "
-                             f"feature_layers); one pass gives one set")
         self.members, self.mix, self.adaptive = tuple(members), mix, adaptive
 
     @property
@@ -118,10 +113,6 @@ class Ensemble(Method):
     @property
     def needs_hidden_states(self) -> bool:
         return any(m.needs_hidden_states for m in self.members)
-
-    @property
-    def hidden_layers(self) -> tuple[int, ...]:
-        return max((m.hidden_layers for m in self.members), key=len)
 
     @property
     def needs_prompt_hidden_states(self) -> bool:

@@ -37,10 +37,6 @@ dropped once the data is made: several times cheaper passes, and features that d
 float32 target's by rounding, which the drafter does not notice (docs/benchmarks.md has the
 measurement). The drafter itself is made from, and drafts for, the target as given.
 
-A fused drafter (``feature_layers``: EAGLE-3's low- and mid-level features) reads, at the real
-entries, the outputs of those decoder layers beside ``f_t`` (cached with the features); what it
-learns is unchanged.
-
 Only positions whose label is learned count. A batch is a few whole chunks, right-padded: a
 draft's entries see positions up to its start only, so padding never reaches a real position,
 and it is left out of the losses. Every ``heldout_every``-th chunk is held out: its accuracy is
@@ -51,10 +47,9 @@ the end. The training checkpoints every epoch in ``out_dir`` and ``resume=True``
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -64,7 +59,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdec.model.layer_outputs import check_layers
 from specdec.proposers.eagle.drafter import EagleDrafter
 from specdec.proposers.vocab import head_rows
 from specdec.training.corpus import DataFiles
@@ -97,8 +91,7 @@ class EagleTrainConfig:
     several times faster at the same accuracy (docs/benchmarks.md). ``data_dtype``: the dtype of
     the target's passes over the data, ``"auto"`` (bfloat16 for a float32 target where the device
     multiplies bfloat16 natively, else the target's own) or a dtype's name (the module's
-    docstring). ``feature_layers``: the target's decoder layers whose outputs a fused drafter
-    reads (:class:`specdec.proposers.eagle.drafter.EagleConfig`; empty: an EAGLE-1 drafter).
+    docstring).
     """
 
     num_tokens: int = 40_000
@@ -117,7 +110,6 @@ class EagleTrainConfig:
     regenerate: bool = True
     mixed_precision: bool = True
     data_dtype: str = "auto"
-    feature_layers: tuple[int, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -148,7 +140,6 @@ def train_eagle(
     regenerate: bool = True,
     mixed_precision: bool = True,
     data_dtype: str = "auto",
-    feature_layers: Sequence[int] = (),
     resume: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     verbose: bool = True,
@@ -168,9 +159,7 @@ def train_eagle(
     epoch; ``resume=True`` continues from there with the same settings. ``mixed_precision``:
     bfloat16 products where the device has them; ``data_dtype``: the dtype of the target's passes
     over the data, by default bfloat16 where the device has those products (both:
-    :class:`EagleTrainConfig`). ``feature_layers``: the target's decoder layers whose outputs
-    the drafter fuses with its final hidden states (EAGLE-3's; :class:`EagleTrainConfig`).
-    ``batch_size`` counts
+    :class:`EagleTrainConfig`). ``batch_size`` counts
     whole chunks (of ``chunk_tokens``). ``train_depth``: depths 2 .. train_depth are trained
     drafting from the drafter's own features, as decoding drafts (the module's docstring). The
     target is not changed (its parameters are frozen while the drafter trains, then as they
@@ -214,7 +203,7 @@ def train_eagle(
     cfg = EagleTrainConfig(num_tokens=num_tokens, draft_vocab_size=draft_vocab_size, chunk_tokens=chunk_tokens,
                            epochs=epochs, train_depth=train_depth, batch_size=batch_size, lr=lr,
                            regenerate=regenerate, mixed_precision=mixed_precision, data_dtype=data_dtype,
-                           feature_layers=check_layers(model, feature_layers, "train_eagle"), seed=seed)
+                           seed=seed)
     out = Path(out_dir)
     say = Reporter(verbose, "eagle")
     started = time.perf_counter()
@@ -231,7 +220,7 @@ def train_eagle(
     vocab_ids = vocabulary(train_labels, cfg.draft_vocab_size, model.get_output_embeddings().out_features)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # any weight for_target does not copy starts the same every run
-        drafter = EagleDrafter.for_target(model, vocab_ids=vocab_ids, feature_layers=cfg.feature_layers)
+        drafter = EagleDrafter.for_target(model, vocab_ids=vocab_ids)
     V = drafter.config.draft_vocab_size
     head = _head(model, drafter.vocab_ids, drafter.dtype)
     say(f"[eagle] the drafter scores {V} ids: {_share(train_labels, drafter):.1%} of the training labels; "
@@ -275,7 +264,7 @@ def train_eagle(
 def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor, features: Features,
            chunks: Tensor, cfg: EagleTrainConfig, checkpoint: Path, resume: bool, say: Reporter,
            after_epoch: Callable[[int], str]) -> float:
-    state = json.loads(json.dumps({"features": features.digest(), **asdict(cfg)}))  # as a checkpoint reads it
+    state = {"features": features.digest(), **asdict(cfg)}
     weights = torch.tensor([cfg.depth_decay ** d for d in range(cfg.train_depth)])
     per_loss = torch.tensor([cfg.feature_weight, cfg.token_weight])
 
@@ -299,8 +288,7 @@ def _train(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor,
 def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: Tensor, hidden: Tensor,
                  labels: Tensor, depth: int) -> Tensor:
     """``[depth, 2]``: per depth d = 1 .. ``depth`` of the drafter's :func:`rollout` over the
-    chunks ``ids [B, n]`` (features ``hidden [B, n, W]``: the final hidden states, after the
-    layers' outputs a fused drafter reads; the target's labels ``labels [B, n]``,
+    chunks ``ids [B, n]`` (features ``hidden [B, n, H]``, the target's labels ``labels [B, n]``,
     -1 where not learned and in the padding), the feature loss (smooth-L1 against ``f_{s+d}``)
     and the token loss (cross-entropy of ``head``'s scores, the drafter's columns, against
     ``labels[s + d]``) averaged over the starts s whose label is learned (0 where none is; the
@@ -310,7 +298,7 @@ def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: T
     text leaves the greedy one)."""
     rows = []
     for d, predicted in enumerate(rollout(drafter, ids, hidden, depth), 1):
-        target = hidden[:, d:, -predicted.shape[-1]:].to(predicted.device, predicted.dtype)
+        target = hidden[:, d:].to(predicted.device, predicted.dtype)
         label = labels[:, d:].to(predicted.device)
         learned = label >= 0
         column = drafter.columns(label)
@@ -324,16 +312,15 @@ def depth_losses(drafter: EagleDrafter, head: Callable[[Tensor], Tensor], ids: T
 
 def _batch(ids: Tensor, features: Features, chunks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Whole chunks, right-padded to the longest: their tokens ``[B, n]``, the target's
-    features ``[B, n, W]`` (:meth:`Features.wide`) and labels ``[B, n]`` (-1 in the padding)."""
+    features ``[B, n, H]`` and labels ``[B, n]`` (-1 in the padding)."""
     spans = [(int(features.offsets[c]), int(features.offsets[c + 1])) for c in chunks.tolist()]
-    B, n = len(spans), max(b - a for a, b in spans)
-    W = features.hidden.shape[1] + (0 if features.layers is None else features.layers.shape[1])
+    B, n, H = len(spans), max(b - a for a, b in spans), features.hidden.shape[1]
     tokens = torch.zeros(B, n, dtype=torch.long)
-    hidden = torch.zeros(B, n, W, dtype=features.hidden.dtype)
+    hidden = torch.zeros(B, n, H, dtype=features.hidden.dtype)
     labels = torch.full((B, n), -1, dtype=torch.long)
     for i, (a, b) in enumerate(spans):
         tokens[i, :b - a] = ids[a: b]
-        hidden[i, :b - a] = features.wide(slice(a, b))
+        hidden[i, :b - a] = features.hidden[a: b]
         labels[i, :b - a] = features.labels[a: b]
     return tokens, hidden, labels
 

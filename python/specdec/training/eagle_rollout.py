@@ -26,8 +26,7 @@ def rollout(drafter: EagleDrafter, ids: Tensor, hidden: Tensor, depth: int, gree
     target's ``labels[s + d]`` (so depth d is comparable with Medusa's head d at position s),
     and its feature target is ``f_{s+d}``.
 
-    ``ids [n]``: the chunk's tokens ``x``; ``hidden [n, H]``: the target's features ``f`` (``[n,
-    feature_width]`` for a fused drafter: the layers' outputs, then ``f``). Or a
+    ``ids [n]``: the chunk's tokens ``x``; ``hidden [n, H]``: the target's features ``f``. Or a
     batch of chunks, right-padded: ``ids [B, n]``, ``hidden [B, n, H]`` (``greedy [B, n]``),
     giving ``[B, n - d, H]`` per depth; padding never reaches a real entry (a start sees
     positions up to its own only). Differentiable: the held-out accuracy
@@ -122,7 +121,7 @@ def evaluate(drafter: EagleDrafter, ids: Tensor, features: Features, depth: int 
         span = slice(int(features.offsets[c]), int(features.offsets[c + 1]))
         labels = features.labels[span].long()
         greedy = labels if greedy_path else None
-        for d, predicted in enumerate(rollout(drafter, ids[span], features.wide(span), depth, greedy), 1):
+        for d, predicted in enumerate(rollout(drafter, ids[span], features.hidden[span], depth, greedy), 1):
             target = labels[d: d + len(predicted)]
             top = drafter.vocab_ids[head(predicted).topk(k, -1).indices].cpu()  # as target ids
             hits[d - 1, :k] += (top == target[:, None]).sum(0)  # -1 (not learned) matches nothing

@@ -1,6 +1,5 @@
 """What a drafter learns from: the target's final hidden states and greedy tokens over chunks
-of text (and, for a drafter that fuses them, chosen decoder layers' outputs), cached per model
-and chunks.
+of text, cached per model and chunks.
 
 One teacher-forced forward of the target over each chunk gives both what a drafter reads and
 what it learns: the final hidden states ``h_t`` (``model.get_decoder()``'s output) and the
@@ -8,7 +7,7 @@ target's greedy prediction ``g_t = argmax lm_head(h_t)`` (its token for position
 drafter imitates what the target will emit, not what the text says. That forward is most of a
 training's cost, so features (float16) and labels (int32) are cached under
 ``<specdec cache>/medusa-features/``, keyed by the model (name, dtype, sizes, a fingerprint of
-its embeddings), the chunks' token ids and the layers taken: a rerun costs no forward.
+its embeddings) and the chunks' token ids: a rerun costs no forward.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from specdec.model.layer_outputs import layer_outputs
 from specdec.training.corpus import Chunk
 
 __all__ = ["CACHE_FOLDER", "Features", "cache_key", "commonest_ids", "extract_features", "head_targets"]
@@ -40,27 +38,12 @@ CACHE_FOLDER = "medusa-features"
 class Features:
     """Per position of all chunks, concatenated: ``hidden [N, H]`` float16, ``labels [N]``
     int32 (the target's greedy token for the next position; -1 where that token is not to be
-    learned: prompt tokens); ``offsets [C + 1]`` the chunks' bounds; ``heldout [C]`` bool;
-    ``layers [N, k * H]`` float16: the outputs of the k decoder layers asked for, side by side
-    (None when none were)."""
+    learned: prompt tokens); ``offsets [C + 1]`` the chunks' bounds; ``heldout [C]`` bool."""
 
     hidden: Tensor
     labels: Tensor
     offsets: Tensor
     heldout: Tensor
-    layers: Tensor | None = None
-
-    def wide(self, span: slice = slice(None)) -> Tensor:
-        """``[n, (k + 1) * H]`` the layers' outputs and the final hidden states side by side at
-        the positions ``span``, what a fused drafter reads (the final hidden states alone when no
-        layers were taken)."""
-        if self.layers is None:
-            return self.hidden[span]
-        layers, hidden = self.layers[span], self.hidden[span]
-        # Copied in, not torch.cat: under CPU autocast (the training's) cat refuses float16.
-        out = hidden.new_empty(len(hidden), layers.shape[1] + hidden.shape[1])
-        out[:, :layers.shape[1]], out[:, layers.shape[1]:] = layers, hidden
-        return out
 
     def positions(self, heldout: bool) -> Tensor:
         """Indices of the positions of the held-out (or training) chunks."""
@@ -76,16 +59,14 @@ class Features:
 
 def extract_features(
     model: nn.Module, chunks: Sequence[Chunk], heldout_every: int, cache_root: Path, verbose: bool = True,
-    layers: Sequence[int] = (),
 ) -> tuple[Features, float | None]:
     """The target's final hidden states and greedy labels for ``chunks`` (every
-    ``heldout_every``-th held out, and the last when none would be), and the outputs of the
-    decoder ``layers`` (indices, ascending) when any are named, from the cache under
-    ``cache_root`` when this model, these chunks and these layers were seen before. Returns them
-    and the seconds the extraction took (None when read from the cache)."""
+    ``heldout_every``-th held out, and the last when none would be), from the cache under
+    ``cache_root`` when this model and these chunks were seen before. Returns them and the
+    seconds the extraction took (None when read from the cache)."""
     from safetensors.torch import load_file, save_file
 
-    key, stem = cache_key(model, chunks, *layers)
+    key, stem = cache_key(model, chunks)
     path = cache_root / CACHE_FOLDER / f"{stem}-{key[:20]}.safetensors"
     heldout = torch.tensor([i % heldout_every == heldout_every - 1 for i in range(len(chunks))])
     if not heldout.any():
@@ -95,17 +76,17 @@ def extract_features(
         if verbose:
             print(f"[features] from the cache: {path}", flush=True)
         state = load_file(str(path))
-        return Features(state["hidden"], state["labels"], offsets, heldout, state.get("layers")), None
+        return Features(state["hidden"], state["labels"], offsets, heldout), None
 
     from tqdm.auto import tqdm
 
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     device = next(model.parameters()).device
     total = int(offsets[-1])
-    hidden, labels, taken = [], [], []
+    hidden, labels = [], []
     start = time.perf_counter()
-    with torch.inference_mode(), layer_outputs(model, layers) as taps, \
-            tqdm(total=total, unit="tok", desc="features", disable=not verbose, file=sys.stderr) as bar:
+    with torch.inference_mode(), tqdm(total=total, unit="tok", desc="features", disable=not verbose,
+                                      file=sys.stderr) as bar:
         for i, chunk in enumerate(chunks):
             ids = torch.tensor([chunk.ids], device=device)
             h = decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
@@ -113,22 +94,16 @@ def extract_features(
             greedy[: max(chunk.start - 1, 0)] = -1  # they predict prompt tokens
             hidden.append(h.to("cpu", torch.float16))
             labels.append(greedy.cpu())
-            if layers:
-                taken.append(torch.cat([t[0] for t in taps], -1).to("cpu", torch.float16))
             if i == 0 and verbose:
                 first = time.perf_counter() - start
                 bar.write(f"[features] extraction: {total} tokens; the first {len(chunk.ids)} took "
                           f"{first:.1f} s: about {first * total / len(chunk.ids) / 60:.1f} min in all")
             bar.update(len(chunk.ids))
     elapsed = time.perf_counter() - start
-    features = Features(torch.cat(hidden), torch.cat(labels), offsets, heldout,
-                        torch.cat(taken) if layers else None)
+    features = Features(torch.cat(hidden), torch.cat(labels), offsets, heldout)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    state = {"hidden": features.hidden, "labels": features.labels}
-    if features.layers is not None:
-        state["layers"] = features.layers
-    save_file(state, str(tmp))
+    save_file({"hidden": features.hidden, "labels": features.labels}, str(tmp))
     os.replace(tmp, path)
     if verbose:
         print(f"[features] {total} tokens in {elapsed:.0f} s ({total / elapsed:.0f} tok/s), cached in {path}",

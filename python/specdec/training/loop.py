@@ -70,8 +70,7 @@ def training_data(model: nn.Module, tokenizer: Any, data: DataFiles, settings: A
     """The chunks of ``data`` (``settings``: ``num_tokens``, ``chunk_tokens``, ``seed``; with
     ``settings.regenerate`` the target's continuations of their prompts), where they come from,
     and the target's features over them with every ``settings.heldout_every``-th chunk held out
-    (cached under ``cache_dir``, default the specdec cache; with the outputs of the decoder layers
-    ``settings.feature_layers`` where the settings name any), and the seconds their extraction took
+    (cached under ``cache_dir``, default the specdec cache), and the seconds their extraction took
     (``feature_seconds``) and the continuations' (``regenerate_seconds``): None where cached."""
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     # Continuations may stop early: more prompts than chunks of the data would fill the budget.
@@ -84,7 +83,7 @@ def training_data(model: nn.Module, tokenizer: Any, data: DataFiles, settings: A
         source = f"the target's continuations of the prompts of {source}"
     say(f"[{say.name}] data: {source}: {len(chunks)} chunks, {sum(len(c.ids) for c in chunks)} tokens")
     features, seconds["feature_seconds"] = extract_features(model, chunks, settings.heldout_every, cache_root,
-                                                           say.verbose, getattr(settings, "feature_layers", ()))
+                                                           say.verbose)
     return chunks, source, features, seconds
 
 

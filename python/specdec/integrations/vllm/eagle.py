@@ -67,16 +67,10 @@ def export_eagle(drafter: Any, out_dir: str | os.PathLike[str]) -> Path:
     vocabulary (``vocab_ids``, which specdec scores alone) is not carried over, and vLLM drafts a
     chain of its top-1 tokens, not specdec's tree.
 
-    Raises ValueError for an unsupported architecture, a fused drafter (``feature_layers``) or
-    weights that do not match the config, FileNotFoundError for a directory without the
-    drafter's files.
+    Raises ValueError for an unsupported architecture or weights that do not match the config,
+    FileNotFoundError for a directory without the drafter's files.
     """
     meta, state = _read_drafter(drafter)
-    if meta.get("feature_layers"):
-        raise ValueError(f"specdec.vllm.export_eagle: this drafter fuses the target's layers {meta['feature_layers']} "
-                         f"with its final hidden states; vLLM's eagle method gives a drafter the final hidden "
-                         f"states only (and its eagle3 method another architecture): export a drafter trained "
-                         f"without feature layers")
     config = _vllm_config(meta)
     layer = meta["layer_config"]
     expected = _expected_shapes(meta["hidden_size"], layer, config)
@@ -127,8 +121,7 @@ def _read_drafter(drafter: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
                         f"{type(drafter).__name__}")
     meta = {"hidden_size": config.hidden_size, "target_vocab_size": config.target_vocab_size,
             "draft_vocab_size": config.draft_vocab_size, "layer_config": dict(config.layer_config),
-            "target": config.target, "dtype": str(drafter.dtype).removeprefix("torch."),
-            "feature_layers": list(config.feature_layers)}
+            "target": config.target, "dtype": str(drafter.dtype).removeprefix("torch.")}
     return meta, dict(drafter.weights())
 
 

@@ -22,14 +22,6 @@ with the target's uniform stays coupled to the target's draw (sampling). A draft
 ``vocab_ids`` scores ids ``0 .. draft_vocab_size - 1`` (byte-level BPE vocabularies number
 tokens roughly commonest first).
 
-Fused features (EAGLE-3's low-, mid- and high-level features, as far as they fit EAGLE-1's
-drafter): a drafter made with ``feature_layers`` (decoder layer indices of the target) reads, at
-the entries of committed tokens, the outputs of those layers beside ``f_t``: ``fuse`` maps
-``[rms(l_1) ; ... ; rms(l_k) ; f_t]`` (each layer's output scaled to unit RMS, no weight) to the
-``f_t`` that ``fc`` reads, ``(k + 1) H -> H`` without bias, made to pass ``f_t`` through (so a
-fresh fused drafter drafts as an unfused one) and trained with the rest. Deeper entries read the
-drafter's own predicted features, as before: only the target knows its layers' outputs.
-
 Files: :meth:`EagleDrafter.save` writes ``config.json`` (format marker, sizes, the layer's
 transformers config, the training's metrics) and ``drafter.safetensors`` (``fc.weight`` and
 ``layers.0.*``, the names vLLM's EAGLE models load, and ``vocab_ids``; ``specdec export-vllm
@@ -46,11 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from specdec.model.layer_outputs import check_layers
 from specdec.model.linear_layers import PackedLinear, dense_weight
 from specdec.model.prepare import PackingConfig, dot_kernel_pays, pack_linear_layers
 from specdec.proposers.vocab import check_vocab_ids, head_for_ids
@@ -71,19 +61,15 @@ class EagleConfig:
     ``layer_config``: the target's transformers config as a dict (its architecture, attention
     and MLP sizes, rotary settings), from which the drafter's one layer is built.
     ``target_vocab_size``: the target's LM head rows; ``draft_vocab_size``: how many of its ids
-    the drafter scores (its ``vocab_ids``). ``target``: the target's name or path, if known.
-    ``feature_layers``: the target's decoder layers whose outputs the drafter fuses with the
-    final hidden states (the module's docstring; empty: none)."""
+    the drafter scores (its ``vocab_ids``). ``target``: the target's name or path, if known."""
 
     hidden_size: int
     target_vocab_size: int
     draft_vocab_size: int
     layer_config: dict[str, Any] = field(repr=False)
     target: str | None = None
-    feature_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))  # from JSON: a list
         for name in ("hidden_size", "target_vocab_size", "draft_vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EagleConfig: {name} must be >= 1, got {getattr(self, name)}")
@@ -140,8 +126,6 @@ class EagleDrafter(nn.Module):
         self.register_buffer("vocab_ids", vocab_ids.to(device), persistent=False)
         H = config.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=False, dtype=dtype, device=device)
-        self.fuse = (nn.Linear(self.feature_width, H, bias=False, dtype=dtype, device=device)
-                     if config.feature_layers else None)
         layer_config = config.transformers_config()
         layer_config._attn_implementation = "sdpa"
         # A causal LM of one layer: the loop's passes (tree attention, KV cache) run it as they
@@ -158,8 +142,7 @@ class EagleDrafter(nn.Module):
 
     @classmethod
     def for_target(cls, model: nn.Module, draft_vocab_size: int = 32_768,
-                   dtype: torch.dtype = torch.float32, vocab_ids: Tensor | None = None,
-                   feature_layers: tuple[int, ...] = ()) -> EagleDrafter:
+                   dtype: torch.dtype = torch.float32, vocab_ids: Tensor | None = None) -> EagleDrafter:
         """A fresh drafter for ``model``, attached, scoring ``vocab_ids`` (default: ids ``0 ..
         draft_vocab_size - 1``; given, they set the size): its layer a copy of the target's last
         decoder layer (the input norm left out; a layer prepared by `specdec.pack_linear_layers` is
@@ -169,15 +152,13 @@ class EagleDrafter(nn.Module):
         corrections to it: the target's layer as copied writes updates at the scale of the
         target's residual stream, which its final norm brings back to the features' and the
         drafter has no such norm (docs/benchmarks.md, "EAGLE and Medusa", has what training
-        from the copy as it is gave). With ``feature_layers`` (the target's decoder layers,
-        ascending), ``fuse`` reads their outputs too, made to pass ``f_t`` through."""
+        from the copy as it is gave)."""
         lm_head = model.get_output_embeddings()
         values = model.config.to_dict()
         size = len(vocab_ids) if vocab_ids is not None else min(draft_vocab_size, lm_head.out_features)
         config = EagleConfig(hidden_size=model.config.hidden_size, target_vocab_size=lm_head.out_features,
                              draft_vocab_size=size, layer_config=values,
-                             target=getattr(model.config, "name_or_path", None) or None,
-                             feature_layers=check_layers(model, feature_layers, "EagleDrafter"))
+                             target=getattr(model.config, "name_or_path", None) or None)
         device = next(model.parameters()).device
         drafter = cls(config, vocab_ids, dtype=dtype, device=device)
         last = model.get_decoder().layers[-1]
@@ -194,8 +175,6 @@ class EagleDrafter(nn.Module):
             H = config.hidden_size
             eye = torch.eye(H, dtype=dtype, device=device)
             drafter.fc.weight.copy_(torch.cat([eye, eye], 1))
-            if drafter.fuse is not None:
-                drafter.fuse.weight.zero_()[:, -H:].copy_(eye)
         return drafter.attach(model)
 
     @property
@@ -206,12 +185,6 @@ class EagleDrafter(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
-
-    @property
-    def feature_width(self) -> int:
-        """The width of the target's features at a committed token: ``(k + 1) * H`` for k
-        ``feature_layers`` (their outputs, then the final hidden state), ``H`` without."""
-        return (len(self.config.feature_layers) + 1) * self.config.hidden_size
 
     def check(self, target: nn.Module) -> None:
         """Raise ValueError unless ``target`` has the hidden size and vocabulary the drafter was
@@ -226,11 +199,6 @@ class EagleDrafter(nn.Module):
         if lm_head.out_features != cfg.target_vocab_size:
             raise ValueError(f"EagleDrafter: made for a model{made_for} with {cfg.target_vocab_size} token ids; "
                              f"this target scores {lm_head.out_features}: a drafter trained for another model")
-        layers = len(target.get_decoder().layers)
-        if cfg.feature_layers and cfg.feature_layers[-1] >= layers:
-            raise ValueError(f"EagleDrafter: made for a model{made_for} with at least {cfg.feature_layers[-1] + 1} "
-                             f"decoder layers (it reads layer {cfg.feature_layers[-1]}); this target has {layers}: "
-                             f"a drafter trained for another model")
 
     def attach(self, target: nn.Module) -> EagleDrafter:
         """Check ``target`` and take its embedding (shared) and its LM head's rows
@@ -274,20 +242,12 @@ class EagleDrafter(nn.Module):
 
     def inputs(self, input_ids: Tensor, features: Tensor) -> Tensor:
         """The layer's input ``fc([embed(x) ; f])`` ``[..., H]`` for tokens ``[...]`` and
-        features ``[..., H]`` (the drafter's own predictions, or the target's final hidden
-        states) or, for a fused drafter, the target's ``[..., feature_width]`` (its layers'
-        outputs and final hidden states, fused first)."""
-        H = self.config.hidden_size
-        features = features.to(self.dtype)
-        if self.fuse is not None and features.shape[-1] == self.feature_width:
-            layers = F.rms_norm(features[..., :-H].unflatten(-1, (-1, H)), (H,), eps=1e-6)
-            features = self.fuse(torch.cat([layers.flatten(-2), features[..., -H:]], -1))
-        elif features.shape[-1] != H:
-            widths = sorted({H, self.feature_width})
+        features ``[..., H]``."""
+        if features.shape[-1] != self.config.hidden_size:
             raise ValueError(f"EagleDrafter: features of size {features.shape[-1]}, the drafter takes "
-                             f"{' or '.join(map(str, widths))}")
+                             f"{self.config.hidden_size}")
         embedded = self._attached().embedding(input_ids).to(self.dtype)
-        return self.fc(torch.cat([embedded, features], -1))
+        return self.fc(torch.cat([embedded, features.to(self.dtype)], -1))
 
     def forward(self, input_ids: Tensor, features: Tensor, position_ids: Tensor | None = None) -> Tensor:
         decoder = self.model.get_decoder()
@@ -310,8 +270,6 @@ class EagleDrafter(nn.Module):
     def weights(self) -> dict[str, Tensor]:
         """The trained weights under the names of the saved file (and of vLLM's EAGLE models)."""
         state = {f"fc.{k}": v for k, v in self.fc.state_dict().items()}
-        if self.fuse is not None:
-            state.update({f"fuse.{k}": v for k, v in self.fuse.state_dict().items()})
         state.update({f"layers.0.{k}": v for k, v in self.layer.state_dict().items()})
         return state
 
@@ -340,8 +298,7 @@ class EagleDrafter(nn.Module):
         it to its target (:meth:`attach`; `specdec.Eagle` does) before use."""
         meta, state = read_saved(directory, "EagleDrafter.load")
         config = EagleConfig(**{k: meta[k] for k in ("hidden_size", "target_vocab_size", "draft_vocab_size",
-                                                     "layer_config", "target")},
-                             feature_layers=meta.get("feature_layers", ()))
+                                                     "layer_config", "target")})
         vocab_ids = state.pop("vocab_ids", None)  # absent: a drafter saved before it had one (the lowest ids)
         drafter = cls(config, vocab_ids, dtype=dtype or getattr(torch, meta.get("dtype", "float32")))
         missing = sorted(set(drafter.weights()) - set(state))
@@ -351,8 +308,6 @@ class EagleDrafter(nn.Module):
                              f"{missing[:4]}, unexpected {unknown[:4]}")
         with torch.no_grad():
             drafter.fc.weight.copy_(state["fc.weight"])
-            if drafter.fuse is not None:
-                drafter.fuse.weight.copy_(state["fuse.weight"])
             drafter.layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in state.items()
                                            if k.startswith("layers.0.")})
         if meta.get("rank_accuracy") is not None:
@@ -367,9 +322,8 @@ class EagleDrafter(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        fused = f", feature_layers={list(c.feature_layers)}" if c.feature_layers else ""
         return (f"hidden_size={c.hidden_size}, draft_vocab_size={c.draft_vocab_size}/{c.target_vocab_size}, "
-                f"layer={type(self.layer).__name__}{fused}")
+                f"layer={type(self.layer).__name__}")
 
 
 @dataclass(frozen=True)

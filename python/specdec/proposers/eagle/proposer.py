@@ -93,10 +93,6 @@ class Eagle(Method):
         return True
 
     @property
-    def hidden_layers(self) -> tuple[int, ...]:
-        return self.drafter.config.feature_layers
-
-    @property
     def needs_prompt_hidden_states(self) -> bool:
         return True
 
