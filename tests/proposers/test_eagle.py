@@ -121,8 +121,8 @@ def test_every_committed_entry_pairs_a_hidden_state_with_the_next_token(schedule
     ids, mask = left_padded(prompts)
     method = (Scheduled if schedule else Watched)(recording, top_k=2, max_draft_tokens=3, adaptive=schedule)
     # (Without the batch's pacing, whose one-token steps would take the place of the cycle's;
-    # rows stay in the batch when they stop, so that row b is prompt b in every recorded input:
-    # with a 3-layer target one row stopped first and left.)
+    # rows stay in the batch when they stop, so that row b is prompt b in every recorded input
+    # whichever row stops first.)
     out = specdec.generate(target, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], pad_token_id=2,
                            method=method, batching=specdec.Batching(pace=False, drop_finished=False))
     # The entries of the steps after the last that drafted wait (for a draft that never comes).
