@@ -20,7 +20,10 @@
 // independent sums in flight. With a few rows, the first row tile of a group of columns loads
 // its weights from memory and the others reuse them from L1: every tile of the group asks for
 // its share of the next group's weights (`Ahead`), so the memory keeps streaming while the
-// later tiles compute.
+// later tiles compute. Passes over 1 to 3 rows take tiles of all the rows and as many columns as
+// the registers hold (16, 12, 8 with AVX-512), so that each tile streams that many weight rows
+// at once: with the several-row tiles' 6 columns, 2- and 3-row products took about 1.1x a one-row
+// product's time on the same weights (docs/verification.md).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -43,12 +46,13 @@
 namespace specdec::cpu::SPECDEC_CPU_ISA {
 namespace {
 
-// L floats, and the register tiles: kRows x kCols sums for several rows, kOneRowCols for one.
+// L floats, and the register tiles: kRows x kCols sums for several rows; for one, two or three
+// rows (the few_rows path) as many columns as the registers hold.
 // GCC/Clang lower a vector to one AVX/AVX-512 register where enabled, to SSE/NEON ones elsewhere.
 #if defined(__AVX512F__)
-constexpr int L = 16, kRows = 4, kCols = 6, kOneRowCols = 16;
+constexpr int L = 16, kRows = 4, kCols = 6, kOneRowCols = 16, kTwoRowCols = 12, kThreeRowCols = 8;
 #else
-constexpr int L = 8, kRows = 3, kCols = 4, kOneRowCols = 12;
+constexpr int L = 8, kRows = 3, kCols = 4, kOneRowCols = 12, kTwoRowCols = 6, kThreeRowCols = 4;
 #endif
 // How far ahead of its loads a tile asks for a weight row (floats: 4 cache lines): the hardware
 // prefetcher alone fell behind when a tile reads only a few rows.
@@ -203,27 +207,35 @@ void columns(const LinearArgs& a, int64_t m0, int64_t m1, int64_t n0, Ahead ahea
   }
 }
 
-// One row, columns [n0, n1): kOneRowCols columns a tile.
-template <class T>
-void one_row(const LinearArgs& a, int64_t n0, int64_t n1) {
+// A few rows (MR, all of x's), columns [n0, n1): NR columns a tile, as many as the registers
+// hold, so that a tile streams that many weight rows from memory at once (a pass over a few
+// tokens reads every weight once, as a one-token pass does).
+template <int MR, int NR, class T>
+void few_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
   const T *x = static_cast<const T*>(a.x), *w = static_cast<const T*>(a.w);
   const T* bias = static_cast<const T*>(a.bias);
   T* y = static_cast<T*>(a.y);
   int64_t n = n0;
-  for (; n + kOneRowCols <= n1; n += kOneRowCols)
-    tile<1, kOneRowCols>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n);
-  for (; n < n1; ++n) tile<1, 1>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n);
+  for (; n + NR <= n1; n += NR) tile<MR, NR>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n);
+  for (; n < n1; ++n) tile<MR, 1>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n);
+}
+
+// All of x's MR rows: blocks of 4 tiles of NR columns, enough tasks for every thread.
+template <int MR, int NR, class T>
+void few_rows_parallel(const LinearArgs& a) {
+  constexpr int64_t kBlock = 4 * NR;
+  at::parallel_for(0, (a.N + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+    few_rows<MR, NR, T>(a, b0 * kBlock, std::min(b1 * kBlock, a.N));
+  });
 }
 
 template <class T>
 void linear(const LinearArgs& a) {
-  if (a.M == 1) {
-    // Blocks of 4 tiles: enough tasks for every thread.
-    constexpr int64_t kBlock = 4 * kOneRowCols;
-    at::parallel_for(0, (a.N + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-      one_row<T>(a, b0 * kBlock, std::min(b1 * kBlock, a.N));
-    });
-    return;
+  switch (a.M) {
+    case 1: return few_rows_parallel<1, kOneRowCols, T>(a);
+    case 2: return few_rows_parallel<2, kTwoRowCols, T>(a);
+    case 3: return few_rows_parallel<3, kThreeRowCols, T>(a);
+    default: break;
   }
   // Rows in chunks that stay in cache while a block of weight rows is read for all of them.
   constexpr int64_t kRowChunk = 96, kColBlock = 4 * kCols;

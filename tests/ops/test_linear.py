@@ -45,7 +45,8 @@ def test_bfloat16_is_the_float32_product_rounded(N, K):
 @pytest.mark.parametrize("N,K", SHAPES)
 def test_a_row_has_the_same_bits_whatever_shares_the_product(N, K, dtype):
     """What keeps verification exact: a token's outputs do not depend on the pass's width. Row
-    counts cross the row tiles (3 or 4), the one-row path (1) and the row chunks (96)."""
+    counts cross the few-rows paths (1, 2, 3: tiles of all the rows), the row tiles (3 or 4)
+    and the row chunks (96)."""
     gen = torch.Generator().manual_seed(K)
     w, b = torch.randn(N, K, generator=gen).to(dtype), torch.randn(N, generator=gen).to(dtype)
     x = torch.randn(200, K, generator=gen).to(dtype)
