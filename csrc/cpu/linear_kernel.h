@@ -17,13 +17,12 @@
 // Speed: a decoding step multiplies one row (or a few) by every weight, so it streams the
 // weights from memory once: the tasks split the output columns, each reads its block of weight
 // rows once for all of x's rows (x stays in cache), and the tiles keep 12 (24 with AVX-512)
-// independent sums in flight. With a few rows, the first row tile of a group of columns loads
-// its weights from memory and the others reuse them from L1: every tile of the group asks for
-// its share of the next group's weights (`Ahead`), so the memory keeps streaming while the
-// later tiles compute. Passes over 1 to 3 rows take tiles of all the rows and as many columns as
-// the registers hold (16, 12, 8 with AVX-512), so that each tile streams that many weight rows
-// at once: with the several-row tiles' 6 columns, 2- and 3-row products took about 1.1x a one-row
-// product's time on the same weights (docs/verification.md).
+// independent sums in flight. Passes over 1 to 3 rows take tiles of all the rows and as many
+// columns as the registers hold (16, 12, 8 with AVX-512), so that each tile streams that many
+// weight rows at once (docs/verification.md). With 4 rows or more, the first row tile of a group
+// of columns loads its weights from memory and the others reuse them from L1: every tile of the
+// group asks for its share of the next group's weights (`Ahead`), so the memory keeps streaming
+// while the later tiles compute.
 #pragma once
 
 #include <ATen/Parallel.h>
