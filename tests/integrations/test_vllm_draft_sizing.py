@@ -233,6 +233,38 @@ def test_the_proposer_prices_steps_from_its_own_intervals_and_skips_prefills(chu
     assert cost.count == observed + 1 and cost.ms(0) == pytest.approx(BASE, rel=0.05)
 
 
+class LoadedEngine(Engine):
+    """An engine on a machine whose load slows each step by a random factor between 1 and 4."""
+
+    def __init__(self, *args, seed=0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.load = np.random.default_rng(seed)
+
+    def step(self):
+        start = self.clock.now
+        super().step()
+        self.clock.now = start + (self.clock.now - start) * self.load.uniform(1.0, 4.0)
+
+
+@pytest.mark.parametrize("proposer_type", [PromptLookup, Lookahead])
+def test_untimed_drafts_follow_the_text_alone_whatever_the_load(proposer_type):
+    prompt, out, decoy_at, _ = edit_text()
+
+    def trace(timed, engine_type, **kwargs):
+        clock = Clock()
+        engine = engine_type(proposer_type(config(timed=timed), clock=clock), clock, [prompt], [out], **kwargs)
+        engine.run()
+        assert (engine.proposer.sizer.cost.count == 0) == (not timed)
+        return engine.trace[0]
+
+    idle = trace(False, Engine)
+    assert all(trace(False, LoadedEngine, seed=seed) == idle for seed in (0, 1))
+    assert any(trace(True, LoadedEngine, seed=seed) != trace(True, Engine) for seed in (0, 1))  # timed: they move
+    if proposer_type is PromptLookup:  # still sized, at the prior's prices
+        decoys = lengths_at(idle, [p for p in decoy_at if p > len(out) // 2])
+        assert len(decoys) >= 15 and np.mean([n > 0 for n in decoys]) <= 0.25
+
+
 def test_a_proposer_whose_drafts_fail_keeps_trying_every_explore_every_cut_steps():
     clock = Clock()
     prompt, out, decoy_at, _ = edit_text(segments=6, decoys=40)

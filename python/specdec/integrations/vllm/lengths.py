@@ -73,14 +73,16 @@ class DraftSizer:
         keys, positions: the draft keys (match lengths 0 .. keys - 1) and the most draft tokens.
         adaptive: False: every draft is proposed whole.
         explore_every: with ``adaptive``, every this many steps on which drafts were cut, none is.
+        timed: False: the steps are priced at ``StepCost``'s prior, never timed (the same drafts
+            for the same text whatever the machine's load).
         clock: seconds (``time.perf_counter``; tests pass their own).
     """
 
     def __init__(self, keys: int, positions: int, adaptive: bool = True, explore_every: int = 8,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 timed: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         self.cost = StepCost()
         self.shared = Acceptance(keys, positions, SHARED_DECAY)
-        self.adaptive, self.explore_every, self.clock = adaptive, explore_every, clock
+        self.adaptive, self.explore_every, self.timed, self.clock = adaptive, explore_every, timed, clock
         self.cut_steps = 0
         self._called_at: float | None = None
         self._tokens = 0  # draft tokens of the step now running
@@ -93,6 +95,8 @@ class DraftSizer:
         """Called as ``propose`` begins: the time since the last call was one engine step, which
         carried the drafts that call returned; observed when the step only decoded (a prefill
         in it would be priced as drafts)."""
+        if not self.timed:
+            return
         now = self.clock()
         if self._called_at is not None and decoded_only:
             self.cost.observe(self._tokens, 1000.0 * (now - self._called_at))

@@ -20,7 +20,7 @@ Example:
     ...              LookupOptions, "PromptLookup")
     Traceback (most recent call last):
     ...
-    ValueError: specdec.vllm.PromptLookup: unknown option 'ngram_max' in additional_config['specdec']; its options are adaptive, earliest, explore_every, max_ngram, min_ngram
+    ValueError: specdec.vllm.PromptLookup: unknown option 'ngram_max' in additional_config['specdec']; its options are adaptive, earliest, explore_every, max_ngram, min_ngram, timed
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ class LookupOptions:
     tokens per ms at its measured step prices (:mod:`~specdec.integrations.vllm.lengths`);
     False: every draft whole. ``explore_every``: with ``adaptive``, every this many steps on
     which drafts were cut, none is, so that what the cut ones would have done keeps being
-    measured.
+    measured. ``timed``: False prices the steps at ``step_cost.PRIOR`` (a fit of vLLM's CPU build)
+    instead of timing them, so that the same outputs get the same drafts whatever the machine's
+    load (tests, reproducing a run); the choice still follows the measured acceptance.
     ``max_model_len``, ``vocab_size``: the engine's, filled in from vLLM's model config.
     """
 
@@ -65,6 +67,7 @@ class LookupOptions:
     earliest: bool = True
     adaptive: bool = True
     explore_every: int = EXPLORE_EVERY
+    timed: bool = True
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:

@@ -123,7 +123,7 @@ class PromptLookup:
         self.options = options_from(vllm_config, self.options_type, type(self).__name__)
         opts = self.options
         self.sizer = DraftSizer(opts.max_ngram + 1, opts.num_speculative_tokens, opts.adaptive,
-                                opts.explore_every, clock)
+                                opts.explore_every, opts.timed, clock)
         self._requests: RequestRows[Request] = RequestRows(lambda: Request(self.sizer.new_request()))
 
     def load_model(self, model: Any) -> None:
