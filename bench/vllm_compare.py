@@ -2,6 +2,10 @@
 loop beside them: the project's code generation and code editing prompts, greedy, one request at
 a time (batch 1) and 8 at once (batch 8). One process per engine configuration (a fresh vLLM
 engine each, so no run inherits another's caches); every output is compared with vLLM plain's.
+vLLM's prefix cache is off unless ``--prefix-caching``: the benchmark sends the same prompts again
+(batch 8 after batch 1, every round after the first, batch 8's prompts twice), and a prefix cache
+turns those prefills into lookups that distinct requests would not get and that specdec's own
+loop, which prefills every request, does not take.
 
 Configurations: ``vllm_plain``; ``vllm_ngram`` (vLLM's own prompt lookup, 8 tokens, n-grams of
 2-4); ``specdec_prompt_lookup`` and ``specdec_lookahead`` (``specdec.vllm``'s proposers, 8
@@ -118,7 +122,7 @@ def vllm_runner(args: argparse.Namespace) -> Round:
     elif args.worker == "specdec_eagle_in_vllm":
         engine.update(eagle_engine_args(args.exported_eagle, args.model_dir))
     llm = LLM(model=args.model_dir, dtype="float32", max_model_len=4096, enforce_eager=args.smoke,
-              disable_log_stats=False, seed=0, **engine)
+              enable_prefix_caching=args.prefix_caching, disable_log_stats=False, seed=0, **engine)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=4), use_tqdm=False)
 
@@ -293,6 +297,7 @@ def main() -> None:
         command += ["--medusa-tokens", str(args.medusa_tokens)] if args.medusa_tokens else []
         command += ["--eagle", args.eagle] if args.eagle else []
         command += ["--smoke"] if args.smoke else []
+        command += ["--prefix-caching"] if args.prefix_caching else []
         return Worker(config, command, env, out / f"{config}.json")
 
     rounds: dict[str, list[Measure]] = {config: [] for config, _ in selected}
@@ -351,7 +356,7 @@ def write(out: Path, measures: list[Measure], args: argparse.Namespace) -> None:
                      "acceptance": round(accepted / draft_tokens, 3) if draft_tokens else None,
                      "accepted_per_draft": round(accepted / drafts, 2) if drafts else None})
     meta = {"model": args.model_dir, "max_tokens": args.max_tokens, "smoke": args.smoke,
-            "all_cores": args.all_cores, "rounds": args.rounds,
+            "all_cores": args.all_cores, "rounds": args.rounds, "prefix_caching": args.prefix_caching,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": os.uname().nodename,
             "cpus": os.cpu_count()}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
@@ -405,6 +410,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--all-cores", action="store_true",
                    help="every core to vLLM's worker (VLLM_CPU_NUM_OF_RESERVED_CPU=0) and numba's own thread pool "
                         "(NUMBA_THREADING_LAYER=workqueue); default: vLLM's thread layout")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="vLLM's prefix cache on (off by default: the benchmark repeats its prompts, which a "
+                        "prefix cache would not prefill again)")
     p.add_argument("--rounds", type=int, default=1,
                    help="rounds over every configuration, engines up together and interleaved (default 1: one "
                         "engine at a time)")
