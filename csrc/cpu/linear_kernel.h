@@ -20,9 +20,10 @@
 // independent sums in flight. Passes over 1 to 3 rows take tiles of all the rows and as many
 // columns as the registers hold (16, 12, 8 with AVX-512), so that each tile streams that many
 // weight rows at once (docs/verification.md). With 4 rows or more, the first row tile of a group
-// of columns loads its weights from memory and the others reuse them from L1: every tile of the
-// group asks for its share of the next group's weights (`Ahead`), so the memory keeps streaming
-// while the later tiles compute.
+// of columns reads its weights and the others reuse them from L1. Either way the memory keeps
+// streaming while the tiles compute: every tile asks for (its share of) the weights of the next
+// tile or group (`Ahead`) into L2, not L1, where they evicted weights that later tiles still
+// read (docs/benchmarks.md: the `specdec.ops.linear` entry of "Tried and not kept").
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -58,8 +59,8 @@ constexpr int L = 8, kRows = 3, kCols = 4, kOneRowCols = 12, kTwoRowCols = 6, kT
 constexpr int64_t kPrefetch = 64;
 constexpr int64_t kLineBytes = 64;
 
-// The weights of the next group of columns (nullptr: none), whose cache lines this tile asks
-// for: lines part, part + parts, part + 2 parts, ... of each of its rows.
+// The weights of the next tile or group of columns (nullptr: none), whose cache lines this tile
+// asks for into L2: lines part, part + parts, part + 2 parts, ... of each of its rows.
 struct Ahead {
   const void* next = nullptr;
   int part = 0, parts = 1;
@@ -165,7 +166,7 @@ inline void tile(const LinearArgs& a, const T* x, const T* w, const T* bias, T* 
   int64_t next_line = next ? ahead.part * kLine : -1;  // the k of the next line asked for
   for (int64_t k = 0; k < KS; k += E::step) {
     if (k == next_line) {
-      for (int c = 0; c < NR; ++c) __builtin_prefetch(next + c * K + k);
+      for (int c = 0; c < NR; ++c) __builtin_prefetch(next + c * K + k, 0, 2);
       next_line += ahead.parts * kLine;
     }
     typename E::in xv[MR];
@@ -208,14 +209,17 @@ void columns(const LinearArgs& a, int64_t m0, int64_t m1, int64_t n0, Ahead ahea
 
 // A few rows (MR, all of x's), columns [n0, n1): NR columns a tile, as many as the registers
 // hold, so that a tile streams that many weight rows from memory at once (a pass over a few
-// tokens reads every weight once, as a one-token pass does).
+// tokens reads every weight once, as a one-token pass does); each tile asks for the next one's.
 template <int MR, int NR, class T>
 void few_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
   const T *x = static_cast<const T*>(a.x), *w = static_cast<const T*>(a.w);
   const T* bias = static_cast<const T*>(a.bias);
   T* y = static_cast<T*>(a.y);
   int64_t n = n0;
-  for (; n + NR <= n1; n += NR) tile<MR, NR>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n);
+  for (; n + NR <= n1; n += NR) {
+    const Ahead ahead{n + 2 * NR <= n1 ? w + (n + NR) * a.K : nullptr, 0, 1};
+    tile<MR, NR>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n, ahead);
+  }
   for (; n < n1; ++n) tile<MR, 1>(a, x, w + n * a.K, bias ? bias + n : nullptr, y + n);
 }
 
