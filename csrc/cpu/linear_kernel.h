@@ -22,8 +22,8 @@
 // weight rows at once (docs/verification.md). With 4 rows or more, the first row tile of a group
 // of columns reads its weights and the others reuse them from L1. Either way the memory keeps
 // streaming while the tiles compute: every tile asks for (its share of) the weights of the next
-// tile or group (`Ahead`) into L2, not L1, where they evicted weights that later tiles still
-// read (docs/benchmarks.md: the `specdec.ops.linear` entry of "Tried and not kept").
+// tile or group (`Ahead`) into L2, not L1, where they would compete with the weights that later
+// tiles still read (docs/benchmarks.md: the `specdec.ops.linear` entry of "Tried and not kept").
 #pragma once
 
 #include <ATen/Parallel.h>
