@@ -269,37 +269,6 @@ def test_mixed_precision_computes_the_losses_in_bfloat16_where_the_device_has_it
     assert drafter.fc.weight.dtype == torch.float32 and drafter.metrics["config"]["mixed_precision"] == mixed_precision
 
 
-@pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize("data_dtype", ["auto", "float32", "bfloat16"])
-def test_the_data_runs_on_a_bfloat16_copy_of_a_float32_target_where_the_device_multiplies_it(
-        tmp_path, monkeypatch, native, data_dtype):
-    passes = []
-
-    def recording(model, *args):
-        passes.append(next(model.parameters()).dtype)
-        return training_loop.training_data(model, *args)
-
-    monkeypatch.setattr(eagle_train, "training_data", recording)
-    monkeypatch.setattr(training_loop, "bf16_packable", lambda: native)
-    model = tiny_lm(seed=0, init=0.02)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    drafter = specdec.train_eagle(model, CharTokenizer(), tmp_path / "d", num_tokens=600, draft_vocab_size=96,
-                                  regenerate=False, data=repeating_text(tmp_path), chunk_tokens=128, epochs=1,
-                                  data_dtype=data_dtype, cache_dir=tmp_path / "cache", verbose=False)
-    expected = "bfloat16" if data_dtype == "bfloat16" or (data_dtype == "auto" and native) else "float32"
-    assert passes == [getattr(torch, expected)] and drafter.metrics["data_dtype"] == expected
-    # The features are cached under the dtype they were computed in; the target is as it was and
-    # the drafter float32, made from it.
-    assert [p.name.split("-")[1] for p in (tmp_path / "cache" / "medusa-features").iterdir()] == [expected]
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
-    assert {p.dtype for p in model.parameters()} == {drafter.fc.weight.dtype} == {torch.float32}
-
-
-def test_a_data_dtype_that_is_not_a_floating_dtype_is_refused():
-    with pytest.raises(ValueError, match="data_dtype must be one of auto, float32, bfloat16, float16, got 'int8'"):
-        EagleTrainConfig(data_dtype="int8")
-
-
 def test_the_vocabulary_is_the_commonest_training_labels_then_the_lowest_others(tmp_path):
     model = tiny_lm(seed=0, init=0.02)
     settings = dict(num_tokens=1500, regenerate=False, data=repeating_text(tmp_path), chunk_tokens=100,

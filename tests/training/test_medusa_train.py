@@ -109,7 +109,7 @@ def test_resume_continues_an_interrupted_run_and_reuses_the_cached_features(tmp_
     forwards = []
     model.get_decoder().register_forward_hook(lambda *args: forwards.append(1))
     settings = dict(num_heads=2, num_tokens=1500, regenerate=False, data=repeating_text(tmp_path), chunk_tokens=100,
-                    epochs=3,
+                    epochs=3, data_dtype="float32",  # the passes on the hooked model itself
                     lr=1e-2, cache_dir=tmp_path / "cache", verbose=False)
     whole = specdec.train_medusa(model, CharTokenizer(), tmp_path / "whole", **settings)
     assert len(forwards) == 15  # one per chunk, the first time
@@ -189,14 +189,15 @@ def test_cli_train_medusa_passes_its_flags(tmp_path, monkeypatch):
               "--tokens", "5000", "--vocab-size", "1000", "--data", str(data), "--resume"])
     assert calls["args"] == ("target", "tokenizer", str(tmp_path / "o"))
     assert calls["kwargs"] == dict(num_heads=4, num_tokens=5000, vocab_size=1000, data=[str(data)],
-                                   num_layers=1, epochs=TrainConfig().epochs, regenerate=True, resume=True)
+                                   num_layers=1, epochs=TrainConfig().epochs, regenerate=True,
+                                   data_dtype=TrainConfig().data_dtype, resume=True)
     assert calls["prepared"].kernel == "onednn"  # features over whole chunks: the fastest wide products
     cli.main(["train-medusa", "--model", "smollm2-135m", "--out", "o"])
     defaults = TrainConfig()
     assert calls["kwargs"]["num_heads"] == defaults.num_heads and calls["kwargs"]["data"] is None
     assert calls["kwargs"]["num_tokens"] == defaults.num_tokens and calls["kwargs"]["resume"] is False
-    cli.main(["train-medusa", "--model", "smollm2-135m", "--out", "o", "--no-regenerate"])
-    assert calls["kwargs"]["regenerate"] is False
+    cli.main(["train-medusa", "--model", "smollm2-135m", "--out", "o", "--no-regenerate", "--data-dtype", "float32"])
+    assert calls["kwargs"]["regenerate"] is False and calls["kwargs"]["data_dtype"] == "float32"
 
 
 def test_cli_train_medusa_checks_data_before_loading_the_model(tmp_path, monkeypatch):

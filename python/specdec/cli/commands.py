@@ -153,7 +153,7 @@ def cmd_train_medusa(args: argparse.Namespace) -> None:
     target, tokenizer = _training_target(args)
     train_medusa(target, tokenizer, args.out, num_heads=args.heads, num_tokens=args.tokens,
                  vocab_size=args.vocab_size, data=args.data, num_layers=args.layers,
-                 epochs=args.epochs, regenerate=args.regenerate, resume=args.resume)
+                 epochs=args.epochs, regenerate=args.regenerate, data_dtype=args.data_dtype, resume=args.resume)
 
 
 def cmd_train_eagle(args: argparse.Namespace) -> None:
@@ -279,13 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train_medusa)
 
     from specdec.training.eagle import EagleTrainConfig  # its defaults are the command's
-    from specdec.training.loop import DATA_DTYPES
 
     eagle = EagleTrainConfig()
     e = _training_parser(sub, "train-eagle", "train an EAGLE drafter for a target on its own features and greedy "
                          "outputs", "the drafter (config.json, drafter.safetensors", eagle,
-                         "tokens of text run through the target (a forward over them, cached with train-medusa's "
-                         "when made in the same dtype)")
+                         "tokens of text run through the target (a forward over them, cached: train-medusa with "
+                         "the same --tokens and --data-dtype reads the same data)")
     e.add_argument("--draft-vocab-size", type=int, default=eagle.draft_vocab_size,
                    help="the drafter scores N token ids (the training labels' commonest, then the lowest others)")
     e.add_argument("--train-depth", type=int, default=eagle.train_depth,
@@ -294,9 +293,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=eagle.mixed_precision,
                    help="the drafter's products in bfloat16 where the CPU has them (AVX512-BF16, AMX) or on CUDA; "
                         "weights and optimizer in float32")
-    e.add_argument("--data-dtype", choices=DATA_DTYPES, default=eagle.data_dtype,
-                   help="dtype of the target's passes over the data (auto: bfloat16 for a float32 target where "
-                        "the CPU has bfloat16 products, on a copy; else the target's own)")
     e.set_defaults(func=cmd_train_eagle)
 
     from specdec.cli.export_vllm import add_parser as add_export_vllm
@@ -309,6 +305,8 @@ def _training_parser(sub: argparse._SubParsersAction, name: str, help: str, writ
                      tokens_help: str) -> argparse.ArgumentParser:
     """A training command's parser with the arguments every training takes (``cfg``: its
     config, whose defaults are the arguments')."""
+    from specdec.training.loop import DATA_DTYPES
+
     p = sub.add_parser(name, help=help)
     add_model_args(p)
     p.add_argument("--out", required=True, help=f"folder for {writes}, metrics.json) and the per-epoch checkpoint")
@@ -321,6 +319,9 @@ def _training_parser(sub: argparse._SubParsersAction, name: str, help: str, writ
                    help="learn from the target's own continuations of the data's prompts (chat requests, "
                         "else each chunk's first 32 tokens), generated once and cached; --no-regenerate: "
                         "from the data's text")
+    p.add_argument("--data-dtype", choices=DATA_DTYPES, default=cfg.data_dtype,
+                   help="dtype of the target's passes over the data (auto: bfloat16 for a float32 target where "
+                        "the CPU has bfloat16 products, on a copy; else the target's own)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.set_defaults(draft=None, draft_dtype=None)
     return p

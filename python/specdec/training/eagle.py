@@ -64,8 +64,8 @@ from specdec.proposers.vocab import head_rows
 from specdec.training.corpus import DataFiles
 from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.features import Features, commonest_ids
-from specdec.training.loop import (CHECKPOINT, DATA_DTYPES, Checkpoint, Reporter, accuracy_report, cached,
-                                   check_settings, data_passes_model, fit, native_bf16, training_data, write_results)
+from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings,
+                                   data_passes_model, fit, native_bf16, training_data, write_results)
 
 __all__ = ["EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle", "vocabulary"]
 
@@ -119,9 +119,6 @@ class EagleTrainConfig:
             raise ValueError(f"train_eagle: lr must be > 0, got {self.lr}")
         if not 0 < self.depth_decay <= 1:
             raise ValueError(f"train_eagle: depth_decay must be in (0, 1], got {self.depth_decay}")
-        if self.data_dtype not in DATA_DTYPES:
-            raise ValueError(f"train_eagle: data_dtype must be one of {', '.join(DATA_DTYPES)}, "
-                             f"got {self.data_dtype!r}")
 
 
 def train_eagle(

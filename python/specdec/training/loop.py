@@ -54,7 +54,7 @@ class Reporter:
 
 def check_settings(settings: Any, caller: str, positive: Sequence[str]) -> None:
     """Raise ValueError unless the ``positive`` fields of ``settings`` are >= 1 and its
-    ``chunk_tokens`` and ``heldout_every`` are usable."""
+    ``chunk_tokens``, ``heldout_every`` and ``data_dtype`` are usable."""
     for name in positive:
         if getattr(settings, name) < 1:
             raise ValueError(f"{caller}: {name} must be >= 1, got {getattr(settings, name)}")
@@ -62,6 +62,8 @@ def check_settings(settings: Any, caller: str, positive: Sequence[str]) -> None:
         raise ValueError(f"{caller}: chunk_tokens must be >= {MIN_CHUNK_TOKENS}, got {settings.chunk_tokens}")
     if settings.heldout_every < 2:
         raise ValueError(f"{caller}: heldout_every must be >= 2, got {settings.heldout_every}")
+    if settings.data_dtype not in DATA_DTYPES:
+        raise ValueError(f"{caller}: data_dtype must be one of {', '.join(DATA_DTYPES)}, got {settings.data_dtype!r}")
 
 
 def training_data(model: nn.Module, tokenizer: Any, data: DataFiles, settings: Any,
