@@ -7,16 +7,14 @@ from support.models import tiny_lm
 from support.training import CharTokenizer, repeating_text
 
 import specdec
-import specdec.training.eagle as eagle_train
 import specdec.training.loop as training_loop
-import specdec.training.medusa as medusa_train
 from specdec.training.eagle import EagleTrainConfig
 from specdec.training.medusa import TrainConfig
 
-TRAININGS = {  # module, a call that trains for a second, the trained module's float32 weight
-    "medusa": (medusa_train, lambda **kw: specdec.train_medusa(num_heads=2, vocab_size=96, **kw),
+TRAININGS = {  # a call that trains for a second, the trained module's float32 weight
+    "medusa": (lambda **kw: specdec.train_medusa(num_heads=2, vocab_size=96, **kw),
                lambda heads: heads.heads[0][0].linear.weight),
-    "eagle": (eagle_train, lambda **kw: specdec.train_eagle(draft_vocab_size=96, **kw),
+    "eagle": (lambda **kw: specdec.train_eagle(draft_vocab_size=96, **kw),
               lambda drafter: drafter.fc.weight),
 }
 
@@ -26,14 +24,16 @@ TRAININGS = {  # module, a call that trains for a second, the trained module's f
 @pytest.mark.parametrize("data_dtype", ["auto", "float32", "bfloat16"])
 def test_the_data_runs_on_a_bfloat16_copy_of_a_float32_target_where_the_device_multiplies_it(
         tmp_path, monkeypatch, training, native, data_dtype):
-    module, train, weight = TRAININGS[training]
+    train, weight = TRAININGS[training]
     passes = []
+
+    extract = training_loop.extract_features
 
     def recording(model, *args):
         passes.append(next(model.parameters()).dtype)
-        return training_loop.training_data(model, *args)
+        return extract(model, *args)
 
-    monkeypatch.setattr(module, "training_data", recording)
+    monkeypatch.setattr(training_loop, "extract_features", recording)
     monkeypatch.setattr(training_loop, "bf16_packable", lambda: native)
     model = tiny_lm(seed=0, init=0.02)
     before = {k: v.clone() for k, v in model.state_dict().items()}

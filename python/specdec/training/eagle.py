@@ -65,7 +65,7 @@ from specdec.training.corpus import DataFiles
 from specdec.training.eagle_rollout import evaluate, rollout
 from specdec.training.features import Features, commonest_ids
 from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings,
-                                   data_passes_model, fit, native_bf16, training_data, write_results)
+                                   fit, native_bf16, training_data, write_results)
 
 __all__ = ["EagleTrainConfig", "cached_eagle", "depth_losses", "train_eagle", "vocabulary"]
 
@@ -204,10 +204,7 @@ def train_eagle(
     out = Path(out_dir)
     say = Reporter(verbose, "eagle")
     started = time.perf_counter()
-    passes = data_passes_model(model, cfg.data_dtype, say)
-    data_dtype = str(next(passes.parameters()).dtype).removeprefix("torch.")
-    chunks, source, features, seconds = training_data(passes, tokenizer, data, cfg, cache_dir, say)
-    del passes  # a copy's memory goes back before training
+    chunks, source, features, made = training_data(model, tokenizer, data, cfg, cache_dir, say)
     ids = torch.tensor([i for chunk in chunks for i in chunk.ids])
     entries = [features.labels[_entries(features, c)] for c in range(len(chunks))]  # their targets' labels
     train = torch.tensor([c for c, e in enumerate(entries) if not features.heldout[c] and (e >= 0).any()],
@@ -243,8 +240,7 @@ def train_eagle(
         "tokens": int(features.offsets[-1]),
         "draft_vocab_size": V,
         "data": source,
-        "data_dtype": data_dtype,
-        **seconds,
+        **made,
         "train_seconds": train_s,
         "eval_seconds": time.perf_counter() - eval_start,
         "total_seconds": time.perf_counter() - started,

@@ -68,25 +68,29 @@ def check_settings(settings: Any, caller: str, positive: Sequence[str]) -> None:
 
 def training_data(model: nn.Module, tokenizer: Any, data: DataFiles, settings: Any,
                   cache_dir: str | os.PathLike[str] | None, say: Reporter,
-                  ) -> tuple[list[Chunk], str, Features, dict[str, float | None]]:
+                  ) -> tuple[list[Chunk], str, Features, dict[str, Any]]:
     """The chunks of ``data`` (``settings``: ``num_tokens``, ``chunk_tokens``, ``seed``; with
     ``settings.regenerate`` the target's continuations of their prompts), where they come from,
     and the target's features over them with every ``settings.heldout_every``-th chunk held out
-    (cached under ``cache_dir``, default the specdec cache), and the seconds their extraction took
-    (``feature_seconds``) and the continuations' (``regenerate_seconds``): None where cached."""
+    (cached under ``cache_dir``, default the specdec cache), and what making them took, for the
+    training's metrics: the seconds of the extraction (``feature_seconds``) and of the
+    continuations (``regenerate_seconds``; None where cached) and the dtype the target's passes
+    ran in (``data_dtype``: :func:`data_passes_model` with ``settings.data_dtype``; a copy is
+    dropped before returning)."""
+    model = data_passes_model(model, settings.data_dtype, say)
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     # Continuations may stop early: more prompts than chunks of the data would fill the budget.
     chunks, source = build_chunks(tokenizer, data, num_tokens=settings.num_tokens * (3 if settings.regenerate else 1),
                                   chunk_tokens=settings.chunk_tokens, seed=settings.seed)
-    seconds: dict[str, float | None] = {}
+    made: dict[str, Any] = {"data_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if settings.regenerate:
-        chunks, seconds["regenerate_seconds"] = regenerate(model, tokenizer, chunks, settings.num_tokens, settings.chunk_tokens,
+        chunks, made["regenerate_seconds"] = regenerate(model, tokenizer, chunks, settings.num_tokens, settings.chunk_tokens,
                                         cache_root, say.verbose)
         source = f"the target's continuations of the prompts of {source}"
     say(f"[{say.name}] data: {source}: {len(chunks)} chunks, {sum(len(c.ids) for c in chunks)} tokens")
-    features, seconds["feature_seconds"] = extract_features(model, chunks, settings.heldout_every, cache_root,
-                                                           say.verbose)
-    return chunks, source, features, seconds
+    features, made["feature_seconds"] = extract_features(model, chunks, settings.heldout_every, cache_root,
+                                                        say.verbose)
+    return chunks, source, features, made
 
 
 def native_bf16(module: nn.Module) -> bool:

@@ -29,7 +29,7 @@ from specdec.proposers.medusa.heads import RANKS, MedusaHeads
 from specdec.training.corpus import DataFiles
 from specdec.training.features import commonest_ids, head_targets
 from specdec.training.loop import (CHECKPOINT, Checkpoint, Reporter, accuracy_report, cached, check_settings,
-                                   data_passes_model, fit, training_data, write_results)
+                                   fit, training_data, write_results)
 
 __all__ = ["TrainConfig", "cached_heads", "train_medusa"]
 
@@ -106,10 +106,9 @@ def train_medusa(
 
     Defaults: the target's passes over the data are most of the cost (on a bfloat16 copy of a
     float32 target where the CPU multiplies bfloat16 natively: ``data_dtype``), so
-    ``num_tokens=40_000`` keeps the training of a 1.5B target near ten minutes on a 2-core CPU
-    with AVX512-BF16 and makes the same data as :func:`specdec.train_eagle`'s defaults, cached
-    once for both; twice the old default's 20k tokens raised head 1's held-out top-1 on
-    Qwen2.5-Coder-1.5B by half. ``vocab_size=32_768`` is a cap: 40k tokens of labels hold a few
+    ``num_tokens=40_000`` keeps the training of a 1.5B target to minutes on a 2-core CPU with
+    AVX512-BF16 and makes the same data as :func:`specdec.train_eagle`'s defaults, cached once
+    for both (docs/benchmarks.md, run 19, has what the budget buys). ``vocab_size=32_768`` is a cap: 40k tokens of labels hold a few
     thousand distinct ids, and with much more data the commonest 32k cover nearly all the targets, while the heads' output
     GEMM stays a fifth of a 152k-row LM head. ``epochs=6``, batches of 128 positions, AdamW at
     1e-3 decayed by a cosine. docs/benchmarks.md (Medusa) has the measurements behind these.
@@ -140,10 +139,7 @@ def train_medusa(
     out = Path(out_dir)
     say = Reporter(verbose, "medusa")
     started = time.perf_counter()
-    passes = data_passes_model(model, cfg.data_dtype, say)
-    data_dtype = str(next(passes.parameters()).dtype).removeprefix("torch.")
-    _, source, features, seconds = training_data(passes, tokenizer, data, cfg, cache_dir, say)
-    del passes  # a copy's memory goes back before training
+    _, source, features, made = training_data(model, tokenizer, data, cfg, cache_dir, say)
 
     train_pos, test_pos = features.positions(heldout=False), features.positions(heldout=True)
     targets = head_targets(features, cfg.num_heads)  # [N, K] target ids, -1: none
@@ -170,8 +166,7 @@ def train_medusa(
         "tokens": int(features.offsets[-1]),
         "vocab_size": len(vocab_ids),
         "data": source,
-        "data_dtype": data_dtype,
-        **seconds,
+        **made,
         "train_seconds": train_s,
         "total_seconds": time.perf_counter() - started,
         "config": asdict(cfg),
