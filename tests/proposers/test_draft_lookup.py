@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from support.decoding import assert_greedy_identity, PROMPTS
-from support.models import cyclic_lm, perturbed, tiny_lm
+from support.models import bigram_target, cyclic_lm, perturbed, tiny_lm
+from support.clock import SyntheticClock
 from support.proposers import Recording
 
 import specdec
@@ -83,3 +84,21 @@ def test_bad_arguments():
         specdec.DraftModel(target, lookup=4, tree="dynamic", top_k=2)
     with pytest.raises(ValueError, match="needs coupled=True"):
         specdec.DraftModel(target, lookup=4, coupled=False)
+
+
+def test_a_pass_that_takes_copies_is_priced_for_them(monkeypatch):
+    """On text that repeats, each pass after the first is fed 8 copies and takes them all.
+    Priced as if it added one token (a draft pass costs 40 ms, a target node 10) the chain
+    would stop after two passes at 10 tokens; priced for the copies the draft took in the
+    passes before, it goes on to the limit."""
+    target = bigram_target()  # its greedy text soon cycles: every copy is right
+    with torch.no_grad():
+        target.lm_head.weight.mul_(20.0)  # confident, as a real draft is on copied code
+    draft = perturbed(target, 0.0, seed=0)  # the target's copy: its chains are accepted whole
+    SyntheticClock(target, [draft], target_ms=lambda tokens: 100.0 + 10.0 * tokens, draft_ms=40.0).install(monkeypatch)
+    recording = Recording(specdec.DraftModel(draft, adaptive=True, lookup=8, max_draft_tokens=24))
+    out = assert_greedy_identity(target, [PROMPTS[2]], recording, max_new=120)
+    lengths = [step[1].width - 1 for step in recording.steps]
+    assert out.stats.acceptance_rate == 1.0
+    # The first step drafts before any draft pass is timed; the second learns what copies give.
+    assert all(n > 10 for n in lengths[1:]) and lengths.count(24) >= 3, lengths

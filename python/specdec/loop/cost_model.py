@@ -245,20 +245,25 @@ class CostModel:
 
         return max(range(max_len + 1), key=lambda g: acceptance.expected(g) / self.step_ms(g))
 
-    def extend_pays(self, drafted: int, expected: float, gain: float, passes: int | None = None) -> bool:
-        """Whether drafting one more candidate raises the expected emitted tokens per ms, when
-        ``drafted`` candidates are expected to emit ``expected`` tokens and the next one would
-        add ``gain`` (the probability that it and every candidate before it are accepted).
-        ``passes``: draft passes so far, when they drafted more than one token each (a draft
-        taking copied tokens, `DraftModel(lookup=...)`); one more candidate costs one more pass.
+    def extend_pays(self, drafted: int, expected: float, gain: float, passes: int | None = None,
+                    adds: int = 1) -> bool:
+        """Whether one more draft pass raises the expected emitted tokens per ms, when
+        ``drafted`` candidates are expected to emit ``expected`` tokens and the pass would add
+        ``adds`` candidates (one, or more for a draft taking copied tokens) that add ``gain``
+        expected tokens (for one candidate: the probability that it and every candidate before
+        it are accepted). ``passes``: draft passes so far, when they drafted more than one
+        token each (`DraftModel(lookup=...)`); else one per candidate.
 
-        Example:
+        Example (a pass expected to take 6 copied tokens is worth it where one token is not):
             >>> costs = CostModel({1: 100.0, 8: 100.0}, draft_ms_per_token=10.0)
             >>> costs.extend_pays(3, expected=3.4, gain=0.6), costs.extend_pays(3, 3.4, gain=0.2)
             (True, False)
+            >>> costs = CostModel({1: 100.0, 16: 250.0}, draft_ms_per_token=30.0)
+            >>> costs.extend_pays(8, 8.0, gain=0.9, passes=2), costs.extend_pays(8, 8.0, 5.4, 2, adds=6)
+            (False, True)
         """
         passes = drafted if passes is None else passes
-        return ((expected + gain) / self.step_ms(drafted + 1, passes + 1)
+        return ((expected + gain) / self.step_ms(drafted + adds, passes + 1)
                 > expected / self.step_ms(drafted, passes))
 
     def step_ms(self, g: int, passes: int | None = None) -> float:

@@ -17,8 +17,9 @@ from specdec.loop.protocol import Context, Proposal
 def propose_with_lookup(drafter, ctx: Context, scores: Tensor, limit: int, start: float) -> Proposal:
     """The chain of the draft proposer ``drafter``'s `propose`, each draft pass feeding the row's
     latest draft and the tokens that copying the context proposes after it (`DraftModel.lookup`):
-    a row takes the draft's choices up to where they leave the copy. One host read per draft
-    pass. ``scores``: the drafts' scores after the tokens committed since the last step;
+    a row takes the draft's choices up to where they leave the copy. A pass is priced for what
+    it is expected to add: its own token and the copies the draft took in passes before
+    (``drafter.copies_taken``, per copy position). One host read per draft pass. ``scores``: the drafts' scores after the tokens committed since the last step;
     ``start``: when the step's drafting began (`time.perf_counter`)."""
     method, sampling = drafter.method, ctx.sampling
     B, device = scores.shape[0], scores.device
@@ -37,8 +38,10 @@ def propose_with_lookup(drafter, ctx: Context, scores: Tensor, limit: int, start
         slots = count[:, None] + columns[:width]
         choice = drafter.choose(scores, sampling, ctx, ctx.lengths[:, None] + slots)
         taken = torch.ones_like(count)  # the choice after the latest draft, and copies it agrees with
+        fed = torch.zeros_like(count)  # copies fed per row
         if feed is not None and width > 1:
             taken += (feed[:, 1:] == choice[:, :-1]).long().cumprod(1).sum(1)
+            fed = (feed[:, 1:] >= 0).sum(1)
         taken = torch.minimum(taken, limit - count)
         if feed is not None:  # keep the entries of the fed tokens whose next choice was taken
             for _, cache, _ in drafter.drafts:
@@ -60,11 +63,15 @@ def propose_with_lookup(drafter, ctx: Context, scores: Tensor, limit: int, start
         # The next token is taken to be as likely as the latest one (rows at the limit stop).
         gain = (reach * torch.gather(confidence, 1, last)[:, 0] * (count < limit)).sum()
         expected = live + reaches.sum()
-        now, gain, drafted_max, drafted_min, copied = torch.stack([
+        now, gain, drafted_max, drafted_min, copied, *rows = torch.cat([torch.stack([
             expected, gain, count.max().float(), count.min().float(),
-            (feed[:, 1:] >= 0).sum(1).max().float()]).tolist()
+            (feed[:, 1:] >= 0).sum(1).max().float()]), (taken - 1).float(), fed.float()]).tolist()
+        if passes > 1:  # how many of the copies fed the draft took, by position
+            drafter.copies_taken.observe([int(x) for x in rows[:B]], [int(x) for x in rows[B:]])
+        # The next pass adds the draft's next token and the copies it is expected to take.
+        adds = drafter.copies_taken.expected(int(copied))
         if drafted_min >= limit or (method.adaptive and not ctx.costs.extend_pays(
-                int(drafted_max), now, gain, passes)):
+                int(drafted_max), now, gain * adds, passes, adds=round(adds))):
             break
         passes += 1
         feed = feed[:, : 1 + int(copied)]

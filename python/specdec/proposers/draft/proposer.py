@@ -17,6 +17,7 @@ from specdec.proposers.draft.lookup import propose_with_lookup
 from specdec.proposers.draft.tree import Calibration, fed_slots, grow, select
 from specdec.proposers.vocab import check_vocabulary, vocab_size
 from specdec.loop.protocol import Context, Proposal, Proposer, StepResult
+from specdec.loop.cost_model import AcceptanceEstimate
 from specdec.loop.verify import draw
 from specdec.loop.random_streams import DRAFT, TOKEN
 from specdec.loop.shape_choice import accepted_within, choice_for
@@ -52,6 +53,8 @@ class _DraftProposer(Proposer):
         B = prompt.shape[0]
         # A tree's frontier nodes wait in the draft caches, uncommitted, until the step is verified.
         self.lookup = method.copied_tokens(B)
+        # Per copy position, how often the draft took the copies fed to it (`lookup.py`).
+        self.copies_taken = AcceptanceEstimate(prior=0.5)
         # A tree contains its chain: with ``adaptive``, each step drafts whichever of the two has
         # emitted more tokens per ms (measured per step; the chain's tokens on tree steps too).
         self.shape = choice_for(("tree", "chain"), bool(method.adaptive) and method.branches > 1)
