@@ -19,8 +19,9 @@ def propose_with_lookup(drafter, ctx: Context, scores: Tensor, limit: int, start
     latest draft and the tokens that copying the context proposes after it (`DraftModel.lookup`):
     a row takes the draft's choices up to where they leave the copy. A pass is priced for what
     it is expected to add: its own token and the copies the draft took in passes before
-    (``drafter.copies_taken``, per copy position). One host read per draft pass. ``scores``: the drafts' scores after the tokens committed since the last step;
-    ``start``: when the step's drafting began (`time.perf_counter`)."""
+    (``drafter.copies_taken``, per copy position). One host read per draft pass. ``scores``:
+    the drafts' scores after the tokens committed since the last step; ``start``: when the
+    step's drafting began (`time.perf_counter`)."""
     method, sampling = drafter.method, ctx.sampling
     B, device = scores.shape[0], scores.device
     span = limit + drafter.lookup + 1  # a pass may score up to lookup + 1 tokens past the limit

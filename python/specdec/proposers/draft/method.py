@@ -59,7 +59,9 @@ class DraftModel(Method):
     token, and takes at once those the draft itself would have chosen next. The chain is the
     same as with ``lookup=0`` (the draft's argmax, or its coupled draws), drafted in fewer draft
     passes where the text repeats earlier text (code editing); the pass costs a little more
-    than a one-token pass. Prompt lookup drafting for the draft (a cascade). Default (None): 8
+    than a one-token pass, and ``adaptive`` prices it for the copies the draft took in the
+    passes before (on copied code a chain can then go on to ``max_draft_tokens``). Prompt lookup
+    drafting for the draft (a cascade). Default (None): 8
     for the chains of a batch of one row with coupled draws (an adaptive tree's chain steps
     too), else 0 (a batch's draft pass would be as wide as its rows' copies together, and
     ``coupled=False`` needs its own draws).
