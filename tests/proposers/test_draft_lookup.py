@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.clock import SyntheticClock
 from support.decoding import assert_greedy_identity, PROMPTS
 from support.models import bigram_target, cyclic_lm, perturbed, tiny_lm
-from support.clock import SyntheticClock
 from support.proposers import Recording
 
 import specdec

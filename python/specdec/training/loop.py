@@ -84,8 +84,8 @@ def training_data(model: nn.Module, tokenizer: Any, data: DataFiles, settings: A
                                   chunk_tokens=settings.chunk_tokens, seed=settings.seed)
     made: dict[str, Any] = {"data_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if settings.regenerate:
-        chunks, made["regenerate_seconds"] = regenerate(model, tokenizer, chunks, settings.num_tokens, settings.chunk_tokens,
-                                        cache_root, say.verbose)
+        chunks, made["regenerate_seconds"] = regenerate(model, tokenizer, chunks, settings.num_tokens,
+                                                        settings.chunk_tokens, cache_root, say.verbose)
         source = f"the target's continuations of the prompts of {source}"
     say(f"[{say.name}] data: {source}: {len(chunks)} chunks, {sum(len(c.ids) for c in chunks)} tokens")
     features, made["feature_seconds"] = extract_features(model, chunks, settings.heldout_every, cache_root,

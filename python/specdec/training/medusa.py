@@ -108,10 +108,11 @@ def train_medusa(
     float32 target where the CPU multiplies bfloat16 natively: ``data_dtype``), so
     ``num_tokens=40_000`` keeps the training of a 1.5B target to minutes on a 2-core CPU with
     AVX512-BF16 and makes the same data as :func:`specdec.train_eagle`'s defaults, cached once
-    for both (docs/benchmarks.md, run 19, has what the budget buys). ``vocab_size=32_768`` is a cap: 40k tokens of labels hold a few
-    thousand distinct ids, and with much more data the commonest 32k cover nearly all the targets, while the heads' output
-    GEMM stays a fifth of a 152k-row LM head. ``epochs=6``, batches of 128 positions, AdamW at
-    1e-3 decayed by a cosine. docs/benchmarks.md (Medusa) has the measurements behind these.
+    for both (docs/benchmarks.md, run 19, has what the budget buys). ``vocab_size=32_768`` is a
+    cap: 40k tokens of labels hold a few thousand distinct ids, and with much more data the
+    commonest 32k cover nearly all the targets, while the heads' output GEMM stays a fifth of a
+    152k-row LM head. ``epochs=6``, batches of 128 positions, AdamW at 1e-3 decayed by a
+    cosine. docs/benchmarks.md (Medusa) has the measurements behind these.
 
     Example (a tiny random model and a one-id-per-character tokenizer, a second or two):
         >>> import pathlib, tempfile
